@@ -1,0 +1,107 @@
+"""Checks at submission: a job that can never run is rejected before it is queued.
+
+"Never" means: on an empty cluster, with its team's whole reachable quota, it still would not
+fit. Anything less than that is a wait, not a rejection, and is explained by the cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+
+from scheduling.capacity import Capacity
+from scheduling.cluster import Cluster
+from scheduling.jobs import Job
+from scheduling.placement import max_level, place_gang
+from scheduling.quota import Team, cohort_pool
+from scheduling.resources import GPU_UNIT, Resources, fmt_gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why a job can never run: `field` names what to change."""
+
+    reason: str  # infeasible | unknown_team | invalid
+    field: str
+    message: str
+
+
+@lru_cache(maxsize=8)
+def _empty(cluster: Cluster) -> Capacity:
+    return Capacity(cluster)
+
+
+def check_job(
+    job: Job, cluster: Cluster, teams: Mapping[str, Team], *, quotas: bool = True
+) -> Rejection | None:
+    """None if the job could run some day; else a Rejection naming the field to fix."""
+    if job.team not in teams:
+        known = ", ".join(sorted(teams)) or "none"
+        return Rejection("unknown_team", "team", f"unknown team {job.team!r}; known teams: {known}")
+    if job.replicas < 1:
+        return Rejection("invalid", "replicas", f"replicas must be >= 1, got {job.replicas}")
+    if job.gpu <= 0 or (job.gpu > GPU_UNIT and job.gpu % GPU_UNIT):
+        return Rejection(
+            "invalid",
+            "gpus_per_replica",
+            f"gpus_per_replica must be a whole number >= 1 or a fraction below 1, got "
+            f"{job.gpu / GPU_UNIT:g}",
+        )
+    if job.cpu < 0 or job.mem < 0:
+        return Rejection("invalid", "cpus_per_replica", "CPUs and memory must be >= 0")
+    if not cluster.level_known(job.topology):
+        levels = ", ".join(["any", *cluster.order[:-1]])
+        return Rejection(
+            "invalid",
+            "topology",
+            f"topology {job.topology!r} is not a level of cluster {cluster.name}; use one of: "
+            f"{levels}",
+        )
+    if quotas:
+        rejection = _check_quota(job, teams)
+        if rejection:
+            return rejection
+    if place_gang(_empty(cluster), job) is None:
+        return Rejection(
+            "infeasible",
+            "replicas" if job.replicas > 1 else "gpus_per_replica",
+            f"{job.replicas} x {fmt_gpus(job.gpu)} GPU (with {job.cpu / 1000:g} CPUs, "
+            f"{job.mem / 1024:g} GiB each) does not fit in any one {max_level(job)} of cluster "
+            f"{cluster.name} even when it is empty; ask for fewer or smaller replicas, or a "
+            "wider topology",
+        )
+    return None
+
+
+def _check_quota(job: Job, teams: Mapping[str, Team]) -> Rejection | None:
+    team = teams[job.team]
+    ceiling = team.ceiling
+    if not job.preemptible:
+        ceiling = Resources(
+            min(ceiling.gpu, team.nominal.gpu),
+            min(ceiling.cpu, team.nominal.cpu),
+            min(ceiling.mem, team.nominal.mem),
+        )
+    reachable = team.guaranteed + cohort_pool(teams)
+    limit = Resources(
+        min(ceiling.gpu, reachable.gpu),
+        min(ceiling.cpu, reachable.cpu),
+        min(ceiling.mem, reachable.mem),
+    )
+    over = job.demand.first_excess(limit)
+    if over is None:
+        return None
+    need = job.demand.as_units()[over]
+    most = limit.as_units()[over]
+    why = (
+        "nominal (a non-preemptible job may not borrow)"
+        if not job.preemptible
+        else ("nominal + borrowing_limit, within what the other teams lend")
+    )
+    return Rejection(
+        "infeasible",
+        "replicas",
+        f"job needs {need:g} {over} in all but team {job.team} may hold at most {most:g} "
+        f"({why}); ask for less, or raise the team's quota",
+    )

@@ -1,0 +1,249 @@
+"""cluster.yaml and teams.yaml: validated once here (pydantic), trusted by the engine after.
+
+Errors name the file, the field and the fix; `ConfigError` carries them all at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from scheduling.cluster import CLUSTER, GPU_GROUP, NODE, Cluster, Node
+from scheduling.quota import Team
+from scheduling.resources import UNLIMITED, Resources
+
+LEVEL_NAMES = ("block", "rack")
+DEFAULT_SLOWDOWN = {GPU_GROUP: 1.0, NODE: 1.1, "rack": 1.3, "block": 1.5, CLUSTER: 1.8}
+
+
+class ConfigError(ValueError):
+    """A configuration file is malformed; the message lists every problem."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+
+
+class NodePoolSpec(_Strict):
+    prefix: str = Field(min_length=1)
+    count: PositiveInt
+    gpus: Annotated[int, Field(ge=0, le=64)]
+    gpu_model: str = "gpu"
+    gpu_groups: int | list[list[int]] = 1
+    cpus: NonNegative = 0
+    memory_gb: NonNegative = 0
+    nodes_per_rack: PositiveInt | None = None
+    racks_per_block: PositiveInt | None = None
+
+
+class NodeSpec(_Strict):
+    name: str = Field(min_length=1)
+    gpus: Annotated[int, Field(ge=0, le=64)]
+    gpu_model: str = "gpu"
+    gpu_groups: int | list[list[int]] = 1
+    cpus: NonNegative = 0
+    memory_gb: NonNegative = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class ClusterSpec(_Strict):
+    name: str = "cluster"
+    topology_levels: list[str] = Field(default_factory=list)
+    slowdown: dict[str, Annotated[float, Field(ge=1.0)]] = Field(default_factory=dict)
+    node_pools: list[NodePoolSpec] = Field(default_factory=list)
+    nodes: list[NodeSpec] = Field(default_factory=list)
+
+    @field_validator("topology_levels")
+    @classmethod
+    def _levels(cls, v: list[str]) -> list[str]:
+        bad = [x for x in v if x not in LEVEL_NAMES]
+        if bad:
+            raise ValueError(f"unknown level(s) {bad}; use a subset of {list(LEVEL_NAMES)}")
+        if len(set(v)) != len(v) or (v == ["rack", "block"]):
+            raise ValueError("levels must be distinct and outermost first, e.g. [block, rack]")
+        return v
+
+    @field_validator("slowdown")
+    @classmethod
+    def _slowdown_keys(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [k for k in v if k not in DEFAULT_SLOWDOWN]
+        if bad:
+            raise ValueError(f"unknown level(s) {bad}; use {list(DEFAULT_SLOWDOWN)}")
+        return v
+
+    @model_validator(mode="after")
+    def _some_nodes(self) -> ClusterSpec:
+        if not self.node_pools and not self.nodes:
+            raise ValueError("declare at least one node: add `node_pools:` or `nodes:`")
+        return self
+
+
+class QuotaMap(_Strict):
+    gpus: NonNegative | None = None
+    cpus: NonNegative | None = None
+    memory_gb: NonNegative | None = None
+
+
+class TeamSpec(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
+    nominal: QuotaMap
+    borrowing_limit: QuotaMap | None = None
+    lending_limit: QuotaMap | None = None
+    weight: Annotated[float, Field(gt=0)] = 1.0
+
+
+class TeamsSpec(_Strict):
+    teams: list[TeamSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> TeamsSpec:
+        names = [t.name for t in self.teams]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"team names must be unique; repeated: {dup}")
+        return self
+
+
+def _groups(spec: NodePoolSpec | NodeSpec, where: str) -> tuple[int, ...]:
+    if spec.gpus == 0:
+        return ()
+    if isinstance(spec.gpu_groups, int):
+        n = spec.gpu_groups
+        if n < 1 or spec.gpus % n:
+            raise ConfigError(
+                f"{where}.gpu_groups: {n} groups cannot split {spec.gpus} GPUs evenly; "
+                "give a divisor of gpus or explicit lists of GPU indices"
+            )
+        size = spec.gpus // n
+        return tuple(((1 << size) - 1) << (i * size) for i in range(n))
+    seen: list[int] = [i for g in spec.gpu_groups for i in g]
+    if sorted(seen) != list(range(spec.gpus)):
+        raise ConfigError(
+            f"{where}.gpu_groups: every GPU index 0..{spec.gpus - 1} must be in exactly one "
+            f"group; got {spec.gpu_groups}"
+        )
+    return tuple(sum(1 << i for i in g) for g in spec.gpu_groups)
+
+
+def build_cluster(spec: ClusterSpec) -> Cluster:
+    """Expand node pools and explicit nodes into a `Cluster`."""
+    levels = tuple(spec.topology_levels)
+    nodes: list[Node] = []
+    for p_i, pool in enumerate(spec.node_pools):
+        groups = _groups(pool, f"node_pools[{p_i}]")
+        per_rack = pool.nodes_per_rack or pool.count
+        per_block = per_rack * (pool.racks_per_block or max(1, -(-pool.count // per_rack)))
+        for k in range(pool.count):
+            doms = []
+            for level in levels:
+                if level == "block":
+                    doms.append(f"{pool.prefix}-block{k // per_block}")
+                else:
+                    doms.append(f"{pool.prefix}-rack{k // per_rack}")
+            nodes.append(_node(len(nodes), f"{pool.prefix}-{k:03d}", pool, groups, tuple(doms)))
+    for n_i, ns in enumerate(spec.nodes):
+        groups = _groups(ns, f"nodes[{n_i}]")
+        missing = [lv for lv in levels if lv not in ns.labels]
+        if missing:
+            raise ConfigError(
+                f"nodes[{n_i}] ({ns.name}).labels: missing {missing}; every node needs a label "
+                f"for each topology level {list(levels)}"
+            )
+        doms = tuple(f"{ns.labels[lv]}" for lv in levels)
+        nodes.append(_node(len(nodes), ns.name, ns, groups, doms, ns.labels))
+    names = [n.name for n in nodes]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"node names must be unique; repeated: {dup}")
+    slowdown = {**DEFAULT_SLOWDOWN, **spec.slowdown}
+    return Cluster(spec.name, levels, tuple(nodes), slowdown)
+
+
+def _node(
+    index: int,
+    name: str,
+    spec: Any,
+    groups: tuple[int, ...],
+    doms: tuple[str, ...],
+    labels: dict[str, str] | None = None,
+) -> Node:
+    r = Resources.of(0, spec.cpus, spec.memory_gb)
+    return Node(index, name, spec.gpus, spec.gpu_model, groups, r.cpu, r.mem, doms, labels or {})
+
+
+def _limit(q: QuotaMap | None, default: Resources) -> Resources:
+    if q is None:
+        return default
+    d = Resources.of(q.gpus or 0, q.cpus or 0, q.memory_gb or 0)
+    return Resources(
+        default.gpu if q.gpus is None else d.gpu,
+        default.cpu if q.cpus is None else d.cpu,
+        default.mem if q.memory_gb is None else d.mem,
+    )
+
+
+def build_teams(spec: TeamsSpec) -> dict[str, Team]:
+    """Teams by name. An unset nominal resource is not limited by quota."""
+    out: dict[str, Team] = {}
+    unlimited = Resources(UNLIMITED, UNLIMITED, UNLIMITED)
+    for t in spec.teams:
+        nominal = _limit(t.nominal, unlimited)
+        borrowing = _limit(t.borrowing_limit, unlimited)
+        lending = _limit(t.lending_limit, nominal)
+        out[t.name] = Team(t.name, nominal, borrowing, lending.clamp_low(), t.weight)
+        excess = lending.first_excess(nominal)
+        if excess:
+            raise ConfigError(
+                f"team {t.name}: lending_limit.{excess} exceeds its nominal; lend at most nominal"
+            )
+    return out
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+
+
+def _explain(path: Path, err: ValidationError) -> ConfigError:
+    lines = [f"{path}: {len(err.errors())} problem(s)"]
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        lines.append(f"  {loc}: {e['msg']}")
+    return ConfigError("\n".join(lines))
+
+
+def parse_cluster(data: Any, source: str = "cluster.yaml") -> Cluster:
+    try:
+        return build_cluster(ClusterSpec.model_validate(data))
+    except ValidationError as e:
+        raise _explain(Path(source), e) from None
+
+
+def parse_teams(data: Any, source: str = "teams.yaml") -> dict[str, Team]:
+    if isinstance(data, list):
+        data = {"teams": data}
+    try:
+        return build_teams(TeamsSpec.model_validate(data))
+    except ValidationError as e:
+        raise _explain(Path(source), e) from None
+
+
+def load_cluster(path: Path) -> Cluster:
+    """Read and validate a cluster.yaml."""
+    return parse_cluster(_read_yaml(path), str(path))
+
+
+def load_teams(path: Path) -> dict[str, Team]:
+    """Read and validate a teams.yaml (a list of teams, or a mapping with `teams:`)."""
+    return parse_teams(_read_yaml(path), str(path))

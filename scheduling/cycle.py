@@ -1,0 +1,275 @@
+"""One scheduling cycle: an immutable snapshot in, decisions out.
+
+    schedule(snapshot, policy)
+      1. copy      private copies of free capacity and quota usage; the snapshot stays as it is
+      2. gangs     (baseline) bind more replicas of partly bound gangs, or time them out
+      3. reserve   hide the domains reserved for starving gangs from everyone else
+      4. order     pending jobs: priority, weighted DRF across teams, FIFO within a team
+      5. nominate  per job: quota AND a placement of every replica, in one step; else a
+                   preemption plan; else a reason (and, if it starves, a reservation)
+      6. explain   a reason for every job left pending
+
+Kueue's scheduler.schedule() tells its cycle the same way. Everything here is pure: persistence
+and side effects belong to whoever applies the result (`state.EngineState.apply`, the store).
+"""
+
+from __future__ import annotations
+
+import math
+
+from scheduling.capacity import gang_level
+from scheduling.decisions import (
+    Admit,
+    CycleResult,
+    Evict,
+    HoldUpdate,
+    PendingReason,
+    Preempt,
+    Reason,
+)
+from scheduling.jobs import Job, Pending, Placement
+from scheduling.ordering import Candidates
+from scheduling.placement import (
+    max_level,
+    place_first_fit,
+    place_gang,
+    place_least_allocated,
+    place_replicas_partially,
+)
+from scheduling.policy import Policy
+from scheduling.preemption import PreemptionPlan, may_preempt, plan_preemption
+from scheduling.quota import QuotaProblem
+from scheduling.reservation import choose_reservation
+from scheduling.resources import fmt_gpus
+from scheduling.snapshot import Snapshot
+
+PLACERS = {
+    "topology": place_gang,
+    "first_fit": place_first_fit,
+    "least_allocated": place_least_allocated,
+}
+
+
+def schedule(snapshot: Snapshot, policy: Policy) -> CycleResult:
+    """Run one cycle. Never changes `snapshot`."""
+    cycle = _Cycle(snapshot, policy)  # 1. copy
+    if policy.partial_gangs:
+        cycle.bind_partial_gangs()  # 2. gangs
+    cycle.hide_reservations()  # 3. reserve
+    candidates = Candidates(snapshot, policy.ordering, cycle.share)  # 4. order
+    for pending in candidates:
+        cycle.nominate(pending, candidates)  # 5. nominate
+        if cycle.stopped_by is not None:
+            break
+    cycle.explain_rest(candidates)  # 6. explain
+    return cycle.result
+
+
+class _Cycle:
+    """The scratch state of one cycle and the decisions it has made so far."""
+
+    def __init__(self, snap: Snapshot, policy: Policy) -> None:
+        self.snap = snap
+        self.policy = policy
+        self.now = snap.now
+        self.cap = snap.capacity.clone()
+        self.quota = snap.quota.clone()
+        self.result = CycleResult(snap.now)
+        self.failed = self.result.by_shape
+        self.no_room: dict[tuple, PendingReason] = {}
+        self.victims: set[str] = set()
+        self.total = snap.cluster.total
+        self.place = PLACERS[policy.placement]
+        self.stopped_by: PendingReason | None = None
+
+    def share(self, team: str) -> float:
+        return self.quota.dominant_share(team, self.total)
+
+    # -- phase 2: partial gangs (the quota-spread baseline) ----------------------------------
+
+    def bind_partial_gangs(self) -> None:
+        for hold in sorted(self.snap.holds.values(), key=lambda h: (h.since, h.job.id)):
+            job = hold.job
+            if self.now - hold.since >= self.policy.gang_timeout_s:
+                self.cap.give_placement(hold.bound, job.cpu, job.mem)
+                self.quota.remove(job.team, job.demand)
+                self.result.evicted.append(Evict(job.id, "gang_timeout"))
+                continue
+            new = place_replicas_partially(self.cap, job, job.replicas - len(hold.bound))
+            bound = hold.bound + tuple(new)
+            if len(bound) == job.replicas:
+                placement = Placement(bound, gang_level(self.snap.cluster, bound))
+                self.result.admitted.append(Admit(job, placement))
+                continue
+            if new:
+                self.result.holds.append(HoldUpdate(job, bound))
+            self._wake(hold.since + self.policy.gang_timeout_s)
+
+    # -- phase 3: reservations -------------------------------------------------------------
+
+    def hide_reservations(self) -> None:
+        for job_id, res in self.snap.reservations.items():
+            if job_id in self.snap.pending:
+                self.result.reservations[job_id] = res
+                self.cap.hide(res.nodes)
+
+    # -- phase 5: nominate -----------------------------------------------------------------
+
+    def nominate(self, pending: Pending, candidates: Candidates) -> None:
+        job = pending.job
+        if pending.not_before > self.now:
+            self.result.pending[job.id] = PendingReason(
+                Reason.BACKOFF,
+                f"requeued after a gang timeout; next try at t={pending.not_before:g}",
+            )
+            self._wake(pending.not_before)
+            return
+        self.result.examined += 1
+        reason = self._admit_or_explain(pending, candidates)
+        if reason is None:
+            candidates.changed(job.team)
+            return
+        self.result.pending[job.id] = reason
+        if self.policy.strict_head_of_line:
+            self.stopped_by = PendingReason(
+                Reason.BEHIND, f"waiting behind job {job.id} at the head of the queue"
+            )
+            return
+        # The rest of its class would fail alike: close it; they share this reason.
+        self.failed[(job.team, job.shape)] = reason
+        candidates.close_class(job.team, job.shape)
+        if reason.code == Reason.QUOTA and self.now - pending.enqueued >= self.policy.starvation_s:
+            # Strict FIFO inside the team until its starving head gets its quota.
+            candidates.close_team(job.team)
+            self.result.tail[job.team] = PendingReason(
+                Reason.BEHIND, f"waiting behind job {job.id}, which has waited longest for quota"
+            )
+
+    def _admit_or_explain(self, pending: Pending, candidates: Candidates) -> PendingReason | None:
+        job = pending.job
+        problem = None
+        if self.policy.quotas:
+            problem = self.quota.check(job.team, job.demand, job.preemptible)
+        if problem is None:
+            if self.policy.partial_gangs:
+                self._admit_partially(job)
+                return None
+            reason = self._place_or_explain(job)
+            if reason is None:
+                return None
+        else:
+            reason = _quota(job, problem)
+        if self.policy.preemption and may_preempt(self.snap, self.quota, job):
+            plan = plan_preemption(
+                self.snap,
+                self.cap,
+                self.quota,
+                job,
+                min_runtime_s=self.policy.min_runtime_s,
+                excluded=self.victims,
+                max_candidates=self.policy.max_preemption_candidates,
+            )
+            if plan is not None:
+                self._admit_with_preemption(job, plan, candidates)
+                return None
+        if reason.code == Reason.NO_PLACEMENT:
+            self._maybe_reserve(pending)
+        return reason
+
+    def _place_or_explain(self, job: Job) -> PendingReason | None:
+        """Admit if a placement exists now; else why not. Placement failures do not depend on
+        the team, so they are remembered for the whole cycle (capacity only shrinks in it)."""
+        own_reservation = job.id in self.result.reservations
+        key = job.shape[1:6]  # replicas, gpu, cpu, mem, topology
+        if not own_reservation and key in self.no_room:
+            return self.no_room[key]
+        placement = self._place(job)
+        if placement is not None:
+            self._admit(job, placement)
+            return None
+        reason = _no_placement(job)
+        if not own_reservation:
+            self.no_room[key] = reason
+        return reason
+
+    def _place(self, job: Job) -> Placement | None:
+        res = self.result.reservations.get(job.id)
+        if res is not None:
+            self.cap.unhide(res.nodes)
+        placement = self.place(self.cap, job)
+        if res is not None and placement is None:
+            self.cap.hide(res.nodes)
+        return placement
+
+    def _admit(self, job: Job, placement: Placement, preempts: tuple[str, ...] = ()) -> None:
+        self.cap.take_placement(placement, job.cpu, job.mem)
+        self.quota.add(job.team, job.demand)
+        self.result.admitted.append(Admit(job, placement, preempts))
+        res = self.result.reservations.pop(job.id, None)
+        if res is not None:
+            self.cap.unhide(res.nodes)
+
+    def _admit_partially(self, job: Job) -> None:
+        bound = place_replicas_partially(self.cap, job, job.replicas)
+        self.quota.add(job.team, job.demand)  # admitted by quota: it holds all of it
+        if len(bound) == job.replicas:
+            placement = Placement(tuple(bound), gang_level(self.snap.cluster, bound))
+            self.result.admitted.append(Admit(job, placement))
+            return
+        self.result.holds.append(HoldUpdate(job, tuple(bound)))
+        self._wake(self.now + self.policy.gang_timeout_s)
+
+    def _admit_with_preemption(
+        self, job: Job, plan: PreemptionPlan, candidates: Candidates
+    ) -> None:
+        for victim in plan.victims:
+            v = victim.job
+            self.cap.give_placement(victim.placement, v.cpu, v.mem)
+            self.quota.remove(v.team, v.demand)
+            self.victims.add(v.id)
+            self.result.preempted.append(Preempt(v.id, job.id))
+            candidates.changed(v.team)
+        self._admit(job, plan.placement, tuple(v.job.id for v in plan.victims))
+        # Capacity grew, but classes closed earlier stay closed until the next cycle (which
+        # runs at once after one that preempted): simpler, and no job is skipped for long.
+        self.no_room.clear()
+
+    def _maybe_reserve(self, pending: Pending) -> None:
+        job = pending.job
+        reservations = self.result.reservations
+        if (
+            math.isinf(self.policy.starvation_s)
+            or job.id in reservations
+            or self.now - pending.enqueued < self.policy.starvation_s
+            or len(reservations) >= self.policy.max_reservations
+        ):
+            return
+        taken = {i for r in reservations.values() for i in r.nodes}
+        res = choose_reservation(self.cap, job, self.now, taken)
+        if res is not None:
+            reservations[job.id] = res
+            self.cap.hide(res.nodes)
+
+    def _wake(self, t: float) -> None:
+        if self.result.next_wakeup is None or t < self.result.next_wakeup:
+            self.result.next_wakeup = t
+
+    # -- phase 6: explain ------------------------------------------------------------------
+
+    def explain_rest(self, candidates: Candidates) -> None:
+        if self.stopped_by is not None:
+            for team in self.snap.queues:
+                self.result.tail.setdefault(team, self.stopped_by)
+
+
+def _no_placement(job: Job) -> PendingReason:
+    level = max_level(job)
+    what = f"{job.replicas} x {fmt_gpus(job.gpu)} GPU"
+    where = "the cluster" if level == "cluster" else f"any one {level}"
+    return PendingReason(
+        Reason.NO_PLACEMENT, f"no room for {what} in {where} right now", level=level
+    )
+
+
+def _quota(job: Job, problem: QuotaProblem) -> PendingReason:
+    return PendingReason(Reason.QUOTA, problem.message(job.team), resource=problem.resource)

@@ -1,0 +1,97 @@
+"""What a scheduling cycle decides, and why each job it did not admit is still waiting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from scheduling.jobs import Job, Placement, ReplicaPlacement
+
+
+class Reason(StrEnum):
+    """Why a job is pending. Machine-readable; `PendingReason.message` says it in words."""
+
+    QUOTA = "quota"  # its team's quota (borrowing limit, cohort) has no room now
+    NO_PLACEMENT = "no_placement"  # quota fits, but no domain at the required level has room
+    BEHIND = "behind_higher_priority"  # a job ahead of it must go first (strict order)
+    BACKOFF = "backoff"  # requeued after a gang timeout; waits before trying again
+    PARTIAL = "partial_gang"  # baseline only: some replicas bound, waiting for the rest
+
+
+@dataclass(frozen=True, slots=True)
+class PendingReason:
+    code: Reason
+    message: str
+    level: str | None = None  # for no_placement: the topology level that failed
+    resource: str | None = None  # for quota: gpus | cpus | memory_gb
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Start `job` on `placement`; `preempts` must be stopped first."""
+
+    job: Job
+    placement: Placement
+    preempts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    job_id: str
+    by: str
+
+
+@dataclass(frozen=True, slots=True)
+class HoldUpdate:
+    """Baseline only: the gang holds its quota and these replicas' GPUs, waiting for the rest."""
+
+    job: Job
+    bound: tuple[ReplicaPlacement, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """A domain drained for a starving gang: no other job may be placed on its nodes."""
+
+    job_id: str
+    level: str
+    domain: str
+    nodes: tuple[int, ...]
+    since: float
+
+
+@dataclass
+class CycleResult:
+    """Decisions of one cycle, plus an explanation for every pending job."""
+
+    now: float
+    admitted: list[Admit] = field(default_factory=list)
+    preempted: list[Preempt] = field(default_factory=list)
+    holds: list[HoldUpdate] = field(default_factory=list)
+    evicted: list[Evict] = field(default_factory=list)
+    reservations: dict[str, Reservation] = field(default_factory=dict)
+    pending: dict[str, PendingReason] = field(default_factory=dict)  # jobs examined
+    by_shape: dict[tuple, PendingReason] = field(default_factory=dict)  # (team, shape) failures
+    tail: dict[str, PendingReason] = field(default_factory=dict)  # per team, for the rest
+    next_wakeup: float | None = None  # a time-based change (timeout, backoff) is due then
+    examined: int = 0
+
+    def reason_for(self, job: Job) -> PendingReason | None:
+        """Why `job` is still pending after this cycle; None if it was admitted or held.
+
+        Jobs skipped because an identical job of their team had just failed share its reason;
+        jobs behind a closed queue get their team's tail reason.
+        """
+        if job.id in self.pending:
+            return self.pending[job.id]
+        if any(a.job.id == job.id for a in self.admitted):
+            return None
+        if any(h.job.id == job.id for h in self.holds):
+            return None
+        return self.by_shape.get((job.team, job.shape)) or self.tail.get(job.team)

@@ -1,0 +1,119 @@
+"""Jobs as the engine sees them: a gang of identical replicas, and where it runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduling.resources import GPU_UNIT, Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A gang request: `replicas` x (gpu, cpu, mem) per replica, all or nothing.
+
+    `gpu` is in milli-GPUs per replica: a multiple of 1000 for whole GPUs, or below 1000 for a
+    share of one GPU. Validation lives in `admission.check_job`; the engine trusts a Job.
+    """
+
+    id: str
+    team: str
+    replicas: int
+    gpu: int
+    cpu: int = 0
+    mem: int = 0
+    priority: int = 0
+    topology: str = "any"
+    preemptible: bool = True
+    submit_time: float = 0.0
+
+    @property
+    def per_replica(self) -> Resources:
+        return Resources(self.gpu, self.cpu, self.mem)
+
+    @property
+    def demand(self) -> Resources:
+        return Resources(
+            self.gpu * self.replicas, self.cpu * self.replicas, self.mem * self.replicas
+        )
+
+    @property
+    def whole_gpus(self) -> int:
+        """GPUs per replica when exclusive; 0 for a shared (fractional) replica."""
+        return self.gpu // GPU_UNIT if self.gpu >= GPU_UNIT else 0
+
+    @property
+    def shared(self) -> bool:
+        return 0 < self.gpu < GPU_UNIT
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int, str, bool]:
+        """Jobs of one shape and team succeed or fail alike within a cycle."""
+        return (
+            self.priority,
+            self.replicas,
+            self.gpu,
+            self.cpu,
+            self.mem,
+            self.topology,
+            self.preemptible,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaPlacement:
+    """One replica: a node and GPU indices; `share` (milli) > 0 for a fraction of one GPU."""
+
+    node: int
+    gpus: tuple[int, ...]
+    share: int = 0
+
+    @property
+    def gpu_mask(self) -> int:
+        m = 0
+        for g in self.gpus:
+            m |= 1 << g
+        return m
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where every replica of a gang goes; `level` is the smallest domain holding them all."""
+
+    replicas: tuple[ReplicaPlacement, ...]
+    level: str
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return tuple(sorted({r.node for r in self.replicas}))
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """An admitted job and where it runs."""
+
+    job: Job
+    placement: Placement
+    start_time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A queued job; `order` sorts a team's queue (priority first, then FIFO)."""
+
+    job: Job
+    enqueued: float
+    seq: int
+    not_before: float = 0.0  # backoff after an eviction
+    order: tuple[int, float, int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "order", (-self.job.priority, self.enqueued, self.seq))
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A gang admitted by quota alone whose replicas are only partly bound (baseline policy)."""
+
+    job: Job
+    bound: tuple[ReplicaPlacement, ...]
+    since: float

@@ -1,0 +1,334 @@
+"""Where a gang goes: the smallest topology domain that holds it, best fit first.
+
+`place_gang` is Berth's placement: it tries GPU group, then node, then each admin-declared
+level up to the job's topology requirement, and at each level picks the domain that would be
+left with the fewest free GPUs, so that big free domains stay whole for big gangs (the spirit
+of HiveD's buddy cells). Ties go to the less-loaded node, then the lower index.
+
+`place_first_fit` and `place_least_allocated` are the baselines' per-replica placements (a bare
+cluster; the default kube-scheduler's spreading).
+
+Placement functions never change the Capacity they are given, except `place_replicas_partially`
+(the baseline's partial binding), whose contract is to bind what it can.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from scheduling.capacity import Capacity, gang_level
+from scheduling.cluster import CLUSTER, GPU_GROUP, NODE
+from scheduling.jobs import Job, Placement, ReplicaPlacement
+from scheduling.resources import GPU_UNIT
+
+
+def max_level(job: Job) -> str:
+    """The largest level a job may spread over: its topology requirement, or the cluster."""
+    return CLUSTER if job.topology == "any" else job.topology
+
+
+def place_gang(cap: Capacity, job: Job) -> Placement | None:
+    """Berth's placement: smallest domain that holds the whole gang, best fit. None: no room."""
+    cluster = cap.cluster
+    limit = cluster.rank[max_level(job)]
+    if job.replicas == 1:
+        limit = min(limit, cluster.rank[NODE])  # one replica never spans nodes
+    need = job.whole_gpus * job.replicas
+    for level in cluster.order[: limit + 1]:
+        if job.shared:
+            reps = _shared_in_level(cap, job, level)
+        elif level == GPU_GROUP:
+            reps = _whole_in_group(cap, job)
+        elif level == NODE:
+            reps = _whole_in_node(cap, job)
+        elif cap.domain_free[CLUSTER][CLUSTER] < need:
+            return None  # not enough free GPUs anywhere: no wider level can help
+        else:
+            reps = _whole_in_domain(cap, job, level)
+        if reps is not None:
+            return Placement(tuple(reps), gang_level(cluster, reps))
+    return None
+
+
+# -- whole-GPU gangs --------------------------------------------------------------------------
+
+
+def _ranked(cap: Capacity, bucket: set) -> Iterator:
+    """Bucket members; less-loaded nodes first where nodes report load.
+
+    Without load any member is as good as another; iterating the set as it is keeps a pick O(1)
+    and is still deterministic (ints and tuples of ints hash to themselves).
+    """
+    if not cap.load:
+        return iter(bucket)
+    return iter(
+        sorted(bucket, key=lambda x: (cap.load.get(x if isinstance(x, int) else x[0], 0.0), x))
+    )
+
+
+def _whole_in_group(cap: Capacity, job: Job) -> list[ReplicaPlacement] | None:
+    g = job.whole_gpus
+    need = g * job.replicas
+    cpu, mem = job.cpu * job.replicas, job.mem * job.replicas
+    rows = cap.group_buckets
+    for k in range(need, len(rows)):
+        for bucket in rows[k][k:]:
+            if not bucket:
+                continue
+            for node, group in _ranked(cap, bucket):
+                if cap.fits_cpu_mem(node, cpu, mem):
+                    free = cap.free[node] & cap.cluster.nodes[node].groups[group]
+                    return _split(node, _lowest(free, need), g)
+    return None
+
+
+def _whole_in_node(cap: Capacity, job: Job) -> list[ReplicaPlacement] | None:
+    g = job.whole_gpus
+    need = g * job.replicas
+    cpu, mem = job.cpu * job.replicas, job.mem * job.replicas
+    buckets = cap.node_buckets
+    for k in range(need, len(buckets)):
+        if not buckets[k]:
+            continue
+        for node in _ranked(cap, buckets[k]):
+            if cap.fits_cpu_mem(node, cpu, mem):
+                return _replicas_on_node(cap, node, g, job.replicas)
+    return None
+
+
+def _replicas_on_node(cap: Capacity, node: int, g: int, count: int) -> list[ReplicaPlacement]:
+    """Give each replica GPUs inside one group where it can (best-fit group), else across."""
+    free = cap.free[node]
+    groups = cap.cluster.nodes[node].groups
+    out = []
+    for _ in range(count):
+        fitting = [m for m in groups if (free & m).bit_count() >= g]
+        if fitting:
+            best = min(fitting, key=lambda m: (free & m).bit_count())
+            mask = _lowest(free & best, g)
+        else:  # span groups, fullest groups last so that whole groups survive
+            mask = 0
+            for m in sorted(groups, key=lambda m: (free & m).bit_count()):
+                take = _lowest(free & m & ~mask, g - mask.bit_count())
+                mask |= take
+                if mask.bit_count() == g:
+                    break
+        free &= ~mask
+        out.append(ReplicaPlacement(node, _bits(mask)))
+    return out
+
+
+def _whole_in_domain(cap: Capacity, job: Job, level: str) -> list[ReplicaPlacement] | None:
+    g = job.whole_gpus
+    need = g * job.replicas
+    best: tuple[int, str] | None = None
+    for dom, free in cap.domain_free[level].items():
+        if free < need or (best is not None and free - need >= best[0]):
+            continue
+        if _slots_in(cap, cap.cluster.domains[level][dom], job) >= job.replicas:
+            best = (free - need, dom)
+            if free == need:
+                break
+    if best is None:
+        return None
+    nodes = [i for i in cap.cluster.domains[level][best[1]] if cap.usable(i)]
+    nodes.sort(key=lambda i: (cap.free_gpus(i), cap.load.get(i, 0.0), i))  # fill holes first
+    out: list[ReplicaPlacement] = []
+    for i in nodes:
+        n = min(cap.free_gpus(i) // g, _cpu_mem_slots(cap, i, job), job.replicas - len(out))
+        if n > 0:
+            out.extend(_replicas_on_node(cap, i, g, n))
+        if len(out) == job.replicas:
+            return out
+    return None
+
+
+def _cpu_mem_slots(cap: Capacity, i: int, job: Job) -> int:
+    slots = 1 << 30
+    if job.cpu:
+        slots = cap.free_cpu[i] // job.cpu
+    if job.mem:
+        slots = min(slots, cap.free_mem[i] // job.mem)
+    return slots
+
+
+def _slots_in(cap: Capacity, nodes: tuple[int, ...], job: Job) -> int:
+    """How many replicas the nodes can take now (stops counting once there are enough)."""
+    g = job.whole_gpus
+    free, hidden = cap.free, cap.hidden
+    limited = job.cpu or job.mem
+    total = 0
+    for i in nodes:
+        if i in hidden:
+            continue
+        n = free[i].bit_count() // g
+        if n and limited:
+            n = min(n, _cpu_mem_slots(cap, i, job))
+        total += n
+        if total >= job.replicas:
+            break
+    return total
+
+
+# -- shared (fractional) replicas -------------------------------------------------------------
+
+
+def _shared_candidates(cap: Capacity) -> Iterator[int]:
+    """Nodes with partly shared GPUs first, then nodes by fewest free GPUs: pack, don't spread."""
+    seen = set()
+    for i in sorted(cap.shares):
+        if cap.usable(i):
+            seen.add(i)
+            yield i
+    for bucket in cap.node_buckets[1:]:
+        for i in sorted(bucket):
+            if i not in seen:
+                yield i
+
+
+def _shared_on_node(
+    cap: Capacity, node: int, job: Job, count: int, group_only: bool
+) -> list[ReplicaPlacement] | None:
+    if not cap.fits_cpu_mem(node, job.cpu * count, job.mem * count):
+        return None
+    shares = dict(cap.shares.get(node, ()))
+    free = cap.free[node]
+    out: list[ReplicaPlacement] = []
+    for _ in range(count):
+        fitting = [(left, gpu) for gpu, left in shares.items() if left >= job.gpu]
+        if fitting:
+            _, gpu = min(fitting)
+        elif free:
+            gpu = _bits(_lowest(free, 1))[0]
+            free &= ~(1 << gpu)
+            shares[gpu] = GPU_UNIT
+        else:
+            return None
+        shares[gpu] -= job.gpu
+        out.append(ReplicaPlacement(node, (gpu,), job.gpu))
+    if group_only and gang_level(cap.cluster, out) != GPU_GROUP:
+        return None
+    return out
+
+
+def _shared_in_level(cap: Capacity, job: Job, level: str) -> list[ReplicaPlacement] | None:
+    if level in (GPU_GROUP, NODE):
+        for i in _shared_candidates(cap):
+            reps = _shared_on_node(cap, i, job, job.replicas, level == GPU_GROUP)
+            if reps is not None:
+                return reps
+        return None
+    for dom in sorted(cap.domain_free[level]):
+        scratch = cap.clone()
+        out: list[ReplicaPlacement] = []
+        members = set(cap.cluster.domains[level][dom])
+        for i in _shared_candidates(scratch):
+            while i in members and len(out) < job.replicas:
+                reps = _shared_on_node(scratch, i, job, 1, False)
+                if reps is None:
+                    break
+                scratch.take_replica(reps[0], job.cpu, job.mem)
+                out.extend(reps)
+            if len(out) == job.replicas:
+                return out
+    return None
+
+
+# -- baselines --------------------------------------------------------------------------------
+
+
+def place_first_fit(cap: Capacity, job: Job) -> Placement | None:
+    """A bare cluster: each replica on the first node (by index) with room, lowest GPU ids."""
+    return _per_replica(cap, job, _first_fit_node)
+
+
+def place_least_allocated(cap: Capacity, job: Job) -> Placement | None:
+    """kube-scheduler's spreading: each replica on the node with the most free GPUs."""
+    return _per_replica(cap, job, _least_allocated_node)
+
+
+def place_replicas_partially(cap: Capacity, job: Job, count: int) -> list[ReplicaPlacement]:
+    """Bind up to `count` replicas one by one (least-allocated), taking them from `cap`."""
+    out = []
+    for _ in range(count):
+        r = _one_replica(cap, job, _least_allocated_node)
+        if r is None:
+            break
+        cap.take_replica(r, job.cpu, job.mem)
+        out.append(r)
+    return out
+
+
+def _per_replica(cap: Capacity, job: Job, pick) -> Placement | None:
+    out: list[ReplicaPlacement] = []
+    try:
+        for _ in range(job.replicas):
+            r = _one_replica(cap, job, pick)
+            if r is None:
+                return None
+            cap.take_replica(r, job.cpu, job.mem)
+            out.append(r)
+        return Placement(tuple(out), gang_level(cap.cluster, out))
+    finally:
+        cap.give_placement(out, job.cpu, job.mem)  # leave `cap` as it was
+
+
+def _one_replica(cap: Capacity, job: Job, pick) -> ReplicaPlacement | None:
+    if job.shared:
+        for i in sorted(cap.shares) + [n for b in cap.node_buckets[1:] for n in sorted(b)]:
+            reps = _shared_on_node(cap, i, job, 1, False) if cap.usable(i) else None
+            if reps:
+                return reps[0]
+        return None
+    g = job.whole_gpus
+    node = pick(cap, job, g)
+    if node is None:
+        return None
+    return ReplicaPlacement(node, _bits(_lowest(cap.free[node], g)))
+
+
+def _first_fit_node(cap: Capacity, job: Job, g: int) -> int | None:
+    for i in range(len(cap.free)):
+        if cap.usable(i) and cap.free_gpus(i) >= g and cap.fits_cpu_mem(i, job.cpu, job.mem):
+            return i
+    return None
+
+
+def _least_allocated_node(cap: Capacity, job: Job, g: int) -> int | None:
+    nodes = cap.cluster.nodes
+    best = None
+    for k in range(len(cap.node_buckets) - 1, g - 1, -1):
+        for i in cap.node_buckets[k]:
+            if cap.fits_cpu_mem(i, job.cpu, job.mem):
+                score = (k / nodes[i].gpus, -i)
+                if best is None or score > best[0]:
+                    best = (score, i)
+    return None if best is None else best[1]
+
+
+# -- bits -------------------------------------------------------------------------------------
+
+
+def _lowest(mask: int, count: int) -> int:
+    """The `count` lowest set bits of mask (fewer if it has fewer)."""
+    out = 0
+    while count and mask:
+        low = mask & -mask
+        out |= low
+        mask ^= low
+        count -= 1
+    return out
+
+
+def _bits(mask: int) -> tuple[int, ...]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return tuple(out)
+
+
+def _split(node: int, mask: int, g: int) -> list[ReplicaPlacement]:
+    bits = _bits(mask)
+    return [ReplicaPlacement(node, bits[k : k + g]) for k in range(0, len(bits), g)]

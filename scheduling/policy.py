@@ -1,0 +1,76 @@
+"""Scheduling policies: one engine, three shapes.
+
+`berth` is the product. `fifo` and `quota-spread` are the baselines admins compare it with:
+what a bare cluster gives, and what a team gets today from Kueue with the default kube-scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+Ordering = Literal["fifo", "priority_fifo", "drf"]
+PlacementKind = Literal["topology", "first_fit", "least_allocated"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Knobs of one scheduling cycle. See docs/decisions for why each default is what it is."""
+
+    name: str
+    quotas: bool = True
+    ordering: Ordering = "drf"
+    strict_head_of_line: bool = False
+    placement: PlacementKind = "topology"
+    partial_gangs: bool = False  # bind replicas one by one and hold them (the baseline's waste)
+    preemption: bool = True
+    min_runtime_s: float = 600.0  # a job runs at least this long before it may be preempted
+    starvation_s: float = 1800.0  # blocked this long -> reserve a domain / strict team FIFO
+    max_reservations: int = 2
+    gang_timeout_s: float = 300.0  # partial gangs: Kueue's waitForPodsReady timeout
+    requeue_backoff_s: float = 60.0  # after a gang timeout
+    max_preemption_candidates: int = 256
+
+
+FIFO = Policy(
+    "fifo",
+    quotas=False,
+    ordering="fifo",
+    strict_head_of_line=True,
+    placement="first_fit",
+    preemption=False,
+    starvation_s=float("inf"),
+)
+QUOTA_SPREAD = Policy(
+    "quota-spread",
+    ordering="priority_fifo",
+    placement="least_allocated",
+    partial_gangs=True,
+    preemption=False,
+    starvation_s=float("inf"),
+)
+BERTH = Policy("berth")
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        FIFO,
+        QUOTA_SPREAD,
+        BERTH,
+        replace(BERTH, name="berth-no-preemption", preemption=False),
+        replace(BERTH, name="berth-no-reservation", starvation_s=float("inf")),
+    )
+}
+
+
+class UnknownPolicyError(ValueError):
+    pass
+
+
+def get_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise UnknownPolicyError(
+            f"unknown policy {name!r}; choose one of: {', '.join(POLICIES)}"
+        ) from None

@@ -1,0 +1,424 @@
+"""Summary figures and plot-ready time series computed from a simulator event log.
+
+Everything is derived from the events alone (plus node sizes and team quotas), so a
+report can be rebuilt from a saved ``events.jsonl`` without re-running the simulation.
+One pass over the events; state is O(jobs) plus one sample per distinct event time, and
+the series handed to plots are bucketed down to ``max_points`` time-weighted means.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SMALL_JOB_GPUS = 8
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """GPU count of every node; the denominator of utilisation and fragmentation."""
+
+    node_gpus: dict[str, int]
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(self.node_gpus.values())
+
+
+@dataclass(frozen=True)
+class TeamInfo:
+    """A team and its nominal (guaranteed) GPU quota, for the per-team rows."""
+
+    name: str
+    nominal_gpus: float
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class Series:
+    """Downsampled time series (time-weighted bucket means) and raw latency samples.
+
+    ``t_s`` holds bucket midpoints in seconds since the first event. ``jct_s`` and
+    ``queue_s`` are sorted samples of finished jobs' JCT and admitted jobs' first wait.
+    """
+
+    t_s: np.ndarray
+    queue_len: np.ndarray
+    allocated_gpus: np.ndarray
+    busy_gpus: np.ndarray
+    team_gpus: dict[str, np.ndarray]
+    jct_s: np.ndarray
+    queue_s: np.ndarray
+    total_gpus: int
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The summary fields (``summary.json``) plus the series the plots are drawn from."""
+
+    data: dict[str, Any]
+    series: Series
+
+    @property
+    def policy(self) -> str:
+        return str(self.data["policy"])
+
+    def as_dict(self) -> dict[str, Any]:
+        """A deep copy of the JSON-ready summary, safe for callers to mutate."""
+        return copy.deepcopy(self.data)
+
+
+def load_events(path: Path) -> Iterator[dict[str, Any]]:
+    """Stream the events of an ``events.jsonl`` file, skipping blank lines."""
+    with Path(path).open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)
+
+
+def summarize(
+    events: Iterable[dict[str, Any]],
+    cluster: ClusterInfo,
+    teams: Sequence[TeamInfo],
+    *,
+    policy: str,
+    wall_s: float,
+    max_points: int = 2000,
+) -> Summary:
+    """Replay ``events`` (in time order) once and compute every summary field.
+
+    Raises ``ValueError`` on events out of time order, placements on unknown nodes or
+    GPU indices, and lifecycle events for jobs that were never submitted.
+    """
+    replay = _Replay(cluster)
+    for ev in events:
+        replay.feed(ev)
+    return replay.result(teams, policy=policy, wall_s=wall_s, max_points=max_points)
+
+
+@dataclass(slots=True)
+class _Job:
+    team: str
+    submit_t: float
+    gpus: float
+    duration: float
+    first_admit_t: float = math.nan
+    finish_t: float = math.nan
+    state: str = "queued"
+    alloc: list[tuple[str, list[int]]] = field(default_factory=list)
+    amount: float = 0.0
+    kind: str = ""
+    held: bool = False
+    preempted: int = 0
+
+
+class _Replay:
+    """Incremental state of the cluster and jobs; integrals advance between event times."""
+
+    def __init__(self, cluster: ClusterInfo) -> None:
+        self.caps = dict(cluster.node_gpus)
+        self.total = cluster.total_gpus
+        self.refs = {n: [0] * c for n, c in self.caps.items()}
+        self.node_used = dict.fromkeys(self.caps, 0)
+        self.jobs: dict[str, _Job] = {}
+        self.used = self.partial_free = self.queue = 0
+        self.admitted = self.holding = 0.0
+        self.int_admit = self.int_hold = self.int_free = self.int_partial = 0.0
+        self.preemptions = self.evictions = self.partial_gang = self.rejected = 0
+        self.small_admits = self.small_single = 0
+        self.slowdowns: list[float] = []
+        self.team_alloc: dict[str, float] = {}
+        self.team_pts: dict[str, tuple[array, array]] = {}
+        self.ts, self.qs, self.als, self.bus = array("d"), array("d"), array("d"), array("d")
+        self.t0: float | None = None
+        self.now = 0.0
+
+    def feed(self, ev: dict[str, Any]) -> None:
+        t = float(ev["t"])
+        if self.t0 is None:
+            self.t0 = self.now = t
+        if t < self.now:
+            raise ValueError(f"event at t={t} after t={self.now}: events must be in time order")
+        if t > self.now:
+            dt = t - self.now
+            self.int_admit += self.admitted * dt
+            self.int_hold += self.holding * dt
+            self.int_free += (self.total - self.used) * dt
+            self.int_partial += self.partial_free * dt
+            self.now = t
+        kind, name = ev["type"], ev["job"]
+        job = self.jobs.get(name)
+        if kind == "submit" or (job is None and kind == "reject"):
+            job = _Job(ev["team"], t, float(ev.get("gpus", 0)), float(ev.get("duration", 0.0)))
+            self.jobs[name] = job
+            self.queue += 1
+        elif job is None:
+            raise ValueError(f"{kind!r} event for job {name!r} that was never submitted")
+        if kind == "admit":
+            self.queue -= job.state == "queued"
+            job.state = "admitted"
+            if math.isnan(job.first_admit_t):
+                job.first_admit_t = t
+            n_nodes = self._bind(job, ev["placement"], "admit")
+            if job.gpus <= SMALL_JOB_GPUS:
+                self.small_admits += 1
+                self.small_single += n_nodes == 1
+            if ev.get("slowdown") is not None:
+                self.slowdowns.append(float(ev["slowdown"]))
+        elif kind == "hold":
+            self.queue += job.state == "admitted"
+            job.state = "queued"
+            self.partial_gang += not job.held
+            job.held = True
+            self._bind(job, ev["placement"], "hold")
+        elif kind in ("preempt", "evict"):
+            self._release(job)
+            self.queue += job.state == "admitted"
+            job.state = "queued"
+            if kind == "preempt":
+                self.preemptions += 1
+                job.preempted += 1
+            else:
+                self.evictions += 1
+        elif kind in ("finish", "reject"):
+            self._release(job)
+            self.queue -= job.state == "queued"
+            if kind == "finish":
+                job.state, job.finish_t = "finished", t
+            elif job.state != "rejected":
+                job.state = "rejected"
+                self.rejected += 1
+        self._sample(t)
+
+    def _sample(self, t: float) -> None:
+        alloc = self.admitted + self.holding
+        if self.ts and self.ts[-1] == t:
+            self.qs[-1], self.als[-1], self.bus[-1] = self.queue, alloc, self.admitted
+        else:
+            self.ts.append(t)
+            self.qs.append(self.queue)
+            self.als.append(alloc)
+            self.bus.append(self.admitted)
+
+    def _touch(self, node: str, idxs: list[int], delta: int) -> None:
+        """Add ``delta`` allocations to GPUs ``idxs`` of ``node``; track used/partly-free."""
+        cap, refs = self.caps[node], self.refs[node]
+        if delta > 0 and idxs and (min(idxs) < 0 or max(idxs) >= cap):
+            raise ValueError(f"GPU index out of range on node {node!r} ({cap} GPUs): {idxs}")
+        changed = 0
+        for i in idxs:
+            before = refs[i]
+            refs[i] = before + delta
+            changed += (before == 0) - (before + delta == 0)
+        if changed:
+            u0 = self.node_used[node]
+            u1 = self.node_used[node] = u0 + changed
+            self.used += changed
+            self.partial_free += (cap - u1 if 0 < u1 < cap else 0) - (
+                cap - u0 if 0 < u0 < cap else 0
+            )
+
+    def _add_team(self, team: str, delta: float) -> None:
+        now = self.now
+        self.team_alloc[team] = alloc = self.team_alloc.get(team, 0.0) + delta
+        if team not in self.team_pts:
+            self.team_pts[team] = (array("d", [self.t0 or 0.0]), array("d", [0.0]))
+        pts_t, pts_v = self.team_pts[team]
+        if pts_t[-1] == now:
+            pts_v[-1] = alloc
+        else:
+            pts_t.append(now)
+            pts_v.append(alloc)
+
+    def _release(self, job: _Job) -> None:
+        if not job.alloc:
+            return
+        for node, idxs in job.alloc:
+            self._touch(node, idxs, -1)
+        if job.kind == "admit":
+            self.admitted -= job.amount
+        else:
+            self.holding -= job.amount
+        self._add_team(job.team, -job.amount)
+        job.alloc, job.amount, job.kind = [], 0.0, ""
+
+    def _bind(self, job: _Job, placement: list[dict[str, Any]], kind: str) -> int:
+        """Replace the job's allocation by ``placement``; returns how many nodes it spans."""
+        self._release(job)
+        amount = 0.0
+        for entry in placement:
+            node = entry["node"]
+            if node not in self.caps:
+                raise ValueError(f"job placed on unknown node {node!r}")
+            idxs = list(entry["gpus"])
+            share = entry.get("share")
+            amount += len(idxs) * (1.0 if share is None else float(share))
+            self._touch(node, idxs, 1)
+            job.alloc.append((node, idxs))
+        job.amount, job.kind = amount, kind
+        if kind == "admit":
+            self.admitted += amount
+        else:
+            self.holding += amount
+        self._add_team(job.team, amount)
+        return len({node for node, _ in job.alloc})
+
+    def result(
+        self, teams: Sequence[TeamInfo], *, policy: str, wall_s: float, max_points: int
+    ) -> Summary:
+        """Close the integrals at the last event and build the summary and series."""
+        for team in self.team_alloc:
+            self._add_team(team, 0.0)
+        start = self.t0 if self.t0 is not None else 0.0
+        makespan = self.now - start
+        capacity = self.total * makespan
+        jobs = list(self.jobs.values())
+        n = len(jobs)
+        names = [t.name for t in teams]
+        names += sorted({j.team for j in jobs} - set(names))
+        column = {name: i for i, name in enumerate(names)}
+
+        def col(attr: str, dtype: type = float) -> np.ndarray:
+            return np.fromiter((getattr(j, attr) for j in jobs), dtype, n)
+
+        job_team = np.fromiter((column[j.team] for j in jobs), np.int64, n)
+        submit, finish, admit = col("submit_t"), col("finish_t"), col("first_admit_t")
+        duration, preempted = col("duration"), col("preempted", np.int64)
+        rejected = np.fromiter((j.state == "rejected" for j in jobs), bool, n)
+        done, waited = ~np.isnan(finish), ~np.isnan(admit)
+        jct, wait = finish - submit, admit - submit
+        nominal = {t.name: float(t.nominal_gpus) for t in teams}
+
+        xs: list[float] = []
+        rows = []
+        for name, col in column.items():
+            mine = job_team == col
+            fin = mine & done
+            if fin.any():
+                ratio = np.divide(
+                    duration[fin], jct[fin], out=np.ones(int(fin.sum())), where=jct[fin] > 0
+                )
+                xs.append(float(ratio.mean()))
+            gpu_s = _integral(*self.team_pts[name]) if name in self.team_pts else 0.0
+            avg_gpus = gpu_s / makespan if makespan > 0 else 0.0
+            nom = nominal.get(name, 0.0)
+            team_wait = wait[mine & waited]
+            rows.append(
+                {
+                    "team": name,
+                    "nominal_gpus": nom,
+                    "jobs": int(mine.sum()),
+                    "finished": int(fin.sum()),
+                    "rejected": int((mine & rejected).sum()),
+                    "avg_jct_s": _r(_mean(jct[fin]), 3),
+                    "avg_queue_s": _r(_mean(team_wait), 3),
+                    "p99_queue_s": _r(_pct(team_wait, 99), 3),
+                    "gpu_hours": _r(gpu_s / 3600.0, 4),
+                    "avg_gpus": _r(avg_gpus, 3),
+                    "avg_share_of_nominal": _r(avg_gpus / nom, 4) if nom else None,
+                    "preempted": int(preempted[mine].sum()),
+                }
+            )
+        jct_s, queue_s = np.sort(jct[done]), np.sort(wait[waited])
+        finished = int(done.sum())
+        data: dict[str, Any] = {
+            "policy": policy,
+            "jobs": n,
+            "finished": finished,
+            "rejected": self.rejected,
+            "unfinished": n - finished - self.rejected,
+            "preemptions": self.preemptions,
+            "evictions": self.evictions,
+            "avg_jct_s": _r(_mean(jct_s), 3),
+            "p50_jct_s": _r(_pct(jct_s, 50), 3),
+            "p99_jct_s": _r(_pct(jct_s, 99), 3),
+            "avg_queue_s": _r(_mean(queue_s), 3),
+            "p50_queue_s": _r(_pct(queue_s, 50), 3),
+            "p99_queue_s": _r(_pct(queue_s, 99), 3),
+            "makespan_s": _r(makespan, 3),
+            "total_gpus": self.total,
+            "gpu_utilization": _r(_div(self.int_admit + self.int_hold, capacity), 4),
+            "gpu_busy": _r(_div(self.int_admit, capacity), 4),
+            "fragmentation": _r(_div(self.int_partial, self.int_free), 4),
+            "jain_fairness": _r(_jain(xs), 4),
+            "partial_gang_jobs": self.partial_gang,
+            "held_gpu_hours": _r(self.int_hold / 3600.0, 4),
+            "single_node_share_small": (
+                _r(self.small_single / self.small_admits, 4) if self.small_admits else None
+            ),
+            "avg_slowdown": _r(float(np.mean(self.slowdowns)), 4) if self.slowdowns else None,
+            "wall_s": _r(wall_s, 3),
+            "teams": rows,
+        }
+        series = Series(
+            **self._bucketed(names, start, makespan, max_points),
+            jct_s=jct_s,
+            queue_s=queue_s,
+            total_gpus=self.total,
+        )
+        return Summary(data=data, series=series)
+
+    def _bucketed(
+        self, names: list[str], start: float, makespan: float, max_points: int
+    ) -> dict[str, Any]:
+        """The recorded step functions as at most ``max_points`` time-weighted means."""
+        buckets = max(1, max_points) if makespan > 0 else 0
+        edges = np.linspace(start, start + makespan, buckets + 1)
+        t = np.frombuffer(self.ts)
+        team_gpus = {name: np.zeros(edges.size - 1) for name in names}
+        for name, (pt, pv) in self.team_pts.items():
+            team_gpus[name] = _bucket_means(np.frombuffer(pt), np.frombuffer(pv), edges)
+        return {
+            "t_s": (edges[:-1] + edges[1:]) / 2 - start,
+            "queue_len": _bucket_means(t, np.frombuffer(self.qs), edges),
+            "allocated_gpus": _bucket_means(t, np.frombuffer(self.als), edges),
+            "busy_gpus": _bucket_means(t, np.frombuffer(self.bus), edges),
+            "team_gpus": team_gpus,
+        }
+
+
+def _bucket_means(t: np.ndarray, v: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Time-weighted mean per bucket of the step function that is ``v[i]`` from ``t[i]``."""
+    if t.size == 0:
+        return np.zeros(max(edges.size - 1, 0))
+    integral = np.concatenate(([0.0], np.cumsum(v[:-1] * np.diff(t))))
+    return np.diff(np.interp(edges, t, integral, left=0.0)) / np.diff(edges)
+
+
+def _integral(t: array, v: array) -> float:
+    """Integral of the step function that is ``v[i]`` from ``t[i]`` up to ``t[-1]``."""
+    tt, vv = np.frombuffer(t), np.frombuffer(v)
+    return float((vv[:-1] * np.diff(tt)).sum())
+
+
+def _jain(xs: list[float]) -> float | None:
+    """Jain's index (sum x)^2 / (n * sum x^2); None when no team finished a job."""
+    if len(xs) == 1:
+        return 1.0
+    x = np.asarray(xs)
+    sq = float((x**2).sum())
+    return float(x.sum() ** 2 / (x.size * sq)) if sq > 0 else None
+
+
+def _div(num: float, den: float) -> float:
+    return num / den if den > 0 else 0.0
+
+
+def _pct(values: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(values, q)) if values.size else None
+
+
+def _mean(values: np.ndarray) -> float | None:
+    return float(values.mean()) if values.size else None
+
+
+def _r(x: float | None, digits: int) -> float | None:
+    return None if x is None else round(float(x), digits)

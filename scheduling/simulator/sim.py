@@ -1,0 +1,217 @@
+"""Replay a trace through the engine with a virtual clock.
+
+The loop is the production loop with time made up: events arrive (submissions, finishes,
+timeouts), the state changes, one scheduling cycle runs on a snapshot, its decisions are
+applied. The cycle is the same function production calls; only the clock and the runtime differ.
+
+Run time depends on placement: a job admitted at a level with slowdown s finishes
+`remaining work x s` later. Preempted work restarts from zero, or from the last checkpoint when a
+checkpoint interval is set.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduling.admission import check_job
+from scheduling.cluster import Cluster
+from scheduling.cycle import schedule
+from scheduling.jobs import Job, Placement
+from scheduling.policy import Policy
+from scheduling.quota import Team
+from scheduling.resources import Resources
+from scheduling.simulator.trace import TraceJob
+from scheduling.state import EngineState
+
+_FINISH, _TICK, _SUBMIT = 0, 1, 2  # at one instant: free first, then time-outs, then arrivals
+
+Progress = Callable[[int, int], None]  # (jobs settled, jobs in all)
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    policy: str
+    events: list[dict]
+    wall_s: float
+    cycles: int
+    unfinished: int
+
+
+def to_job(t: TraceJob) -> Job:
+    """A trace row in engine units."""
+    r = Resources.of(t.gpus_per_replica, t.cpus_per_replica, t.memory_gb_per_replica)
+    return Job(
+        id=t.job_id,
+        team=t.team,
+        replicas=t.replicas,
+        gpu=r.gpu,
+        cpu=r.cpu,
+        mem=r.mem,
+        priority=t.priority,
+        topology=t.topology,
+        preemptible=t.preemptible,
+        submit_time=t.submit_time,
+    )
+
+
+def _placement_json(cluster: Cluster, p: Placement | tuple) -> list[dict]:
+    reps = p.replicas if isinstance(p, Placement) else p
+    out = []
+    for r in reps:
+        entry: dict = {"node": cluster.nodes[r.node].name, "gpus": list(r.gpus)}
+        if r.share:
+            entry["share"] = r.share / 1000
+        out.append(entry)
+    return out
+
+
+def simulate(
+    cluster: Cluster,
+    teams: Mapping[str, Team],
+    trace: Sequence[TraceJob],
+    policy: Policy,
+    *,
+    checkpoint_s: float | None = None,
+    progress: Progress | None = None,
+) -> SimulationResult:
+    """Run the whole trace; returns the event log (see docs/simulator.md for its format)."""
+    started = time.perf_counter()
+    state = EngineState(cluster, teams, policy)
+    jobs = {t.job_id: to_job(t) for t in trace}
+    duration = {t.job_id: t.duration for t in trace}
+    work_left = dict(duration)  # ideal seconds still to run
+    attempt: dict[str, int] = {}
+    started_at: dict[str, tuple[float, float]] = {}  # job -> (admit time, slowdown)
+    heap: list[tuple] = []
+    seq = 0
+    for t in trace:
+        heap.append((t.submit_time, _SUBMIT, seq, t.job_id))
+        seq += 1
+    heapq.heapify(heap)
+    events: list[dict] = []
+    emit = events.append
+    ticks: set[float] = set()
+    settled = cycles = 0
+    total = len(trace)
+
+    while heap:
+        now = heap[0][0]
+        changed = False
+        while heap and heap[0][0] == now:
+            _, kind, _, payload = heapq.heappop(heap)
+            if kind == _FINISH:
+                job_id, token = payload
+                if attempt.get(job_id) != token:
+                    continue  # preempted since this finish was planned
+                job = state.finish(job_id).job
+                emit({"t": now, "type": "finish", "job": job_id, "team": job.team})
+                settled += 1
+            elif kind == _SUBMIT:
+                job = jobs[payload]
+                emit(
+                    {
+                        "t": now,
+                        "type": "submit",
+                        "job": job.id,
+                        "team": job.team,
+                        "replicas": job.replicas,
+                        "gpus_per_replica": job.gpu / 1000,
+                        "gpus": job.demand.gpu / 1000,
+                        "duration": duration[job.id],
+                        "priority": job.priority,
+                    }
+                )
+                rejection = check_job(job, cluster, teams, quotas=policy.quotas)
+                if rejection is not None:
+                    emit(
+                        {
+                            "t": now,
+                            "type": "reject",
+                            "job": job.id,
+                            "team": job.team,
+                            "reason": rejection.reason,
+                            "field": rejection.field,
+                            "message": rejection.message,
+                        }
+                    )
+                    settled += 1
+                    continue
+                state.submit(job, now)
+            else:
+                ticks.discard(now)
+            changed = True
+        if not changed or not (state.pending or state.holds):
+            continue
+        result = schedule(state.snapshot(now), policy)
+        cycles += 1
+        state.apply(result)
+        for ev in result.evicted:
+            team = jobs[ev.job_id].team
+            emit({"t": now, "type": "evict", "job": ev.job_id, "team": team, "reason": ev.reason})
+        for pre in result.preempted:
+            job_id = pre.job_id
+            admitted, slowdown = started_at.pop(job_id)
+            done = (now - admitted) / slowdown
+            if checkpoint_s:
+                work_left[job_id] -= math.floor(done / checkpoint_s) * checkpoint_s
+            attempt[job_id] += 1  # invalidates the planned finish
+            emit(
+                {
+                    "t": now,
+                    "type": "preempt",
+                    "job": job_id,
+                    "team": jobs[job_id].team,
+                    "by": pre.by,
+                }
+            )
+        for hu in result.holds:
+            emit(
+                {
+                    "t": now,
+                    "type": "hold",
+                    "job": hu.job.id,
+                    "team": hu.job.team,
+                    "placement": _placement_json(cluster, hu.bound),
+                }
+            )
+        for adm in result.admitted:
+            job = adm.job
+            slowdown = cluster.slowdown_of(adm.placement.level)
+            token = attempt.get(job.id, 0) + 1
+            attempt[job.id] = token
+            started_at[job.id] = (now, slowdown)
+            heapq.heappush(
+                heap, (now + work_left[job.id] * slowdown, _FINISH, seq, (job.id, token))
+            )
+            seq += 1
+            emit(
+                {
+                    "t": now,
+                    "type": "admit",
+                    "job": job.id,
+                    "team": job.team,
+                    "placement": _placement_json(cluster, adm.placement),
+                    "level": adm.placement.level,
+                    "slowdown": slowdown,
+                }
+            )
+        wake = result.next_wakeup
+        if wake is not None and wake > now and wake not in ticks:
+            ticks.add(wake)
+            heapq.heappush(heap, (wake, _TICK, seq, None))
+            seq += 1
+        if progress is not None and cycles % 2000 == 0:
+            progress(settled, total)
+    if progress is not None:
+        progress(settled, total)
+    return SimulationResult(
+        policy=policy.name,
+        events=events,
+        wall_s=time.perf_counter() - started,
+        cycles=cycles,
+        unfinished=total - settled,
+    )

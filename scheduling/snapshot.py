@@ -1,0 +1,40 @@
+"""The immutable input of a scheduling cycle.
+
+A snapshot shares its structures with the engine state that made it; the contract is that
+neither side changes them while a cycle runs (the cycle works on clones of capacity and quota).
+`tests/test_cycle.py` checks that a cycle leaves its snapshot as it found it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sortedcontainers import SortedKeyList
+
+from scheduling.capacity import Capacity
+from scheduling.cluster import Cluster
+from scheduling.decisions import Reservation
+from scheduling.jobs import Hold, Pending, Running
+from scheduling.quota import QuotaLedger, Team
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float
+    cluster: Cluster
+    teams: Mapping[str, Team]
+    capacity: Capacity
+    quota: QuotaLedger
+    running: Mapping[str, Running]
+    running_priorities: Mapping[str, Counter]  # team -> Counter of its running jobs' priorities
+    queues: Mapping[str, Mapping[tuple, SortedKeyList]]  # team -> Job.shape -> Pending, FIFO
+    pending: Mapping[str, Pending]  # job id -> Pending
+    holds: Mapping[str, Hold]
+    reservations: Mapping[str, Reservation]
+
+    def position(self, pending: Pending) -> int:
+        """1-based position of a job in its team's queue (all its classes merged)."""
+        classes = self.queues[pending.job.team].values()
+        return 1 + sum(q.bisect_key_left(pending.order) for q in classes)

@@ -1,0 +1,177 @@
+"""The engine's live state: what runs, what waits, what is free; snapshots and apply.
+
+`EngineState` plays the part of Kueue's cache and queue manager together. The simulator keeps
+one in memory; the SQL store rebuilds one from its tables. `apply` replays a cycle's decisions
+onto it; it re-checks every allocation (Capacity.take refuses GPUs that are not free), so a
+stale or buggy decision fails loudly instead of double-allocating.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+
+from sortedcontainers import SortedKeyList
+
+from scheduling.capacity import Capacity
+from scheduling.cluster import Cluster
+from scheduling.decisions import CycleResult, Reservation
+from scheduling.jobs import Hold, Job, Pending, Placement, Running
+from scheduling.policy import Policy
+from scheduling.quota import QuotaLedger, Team
+from scheduling.snapshot import Snapshot
+
+
+class StateError(RuntimeError):
+    """A decision or event does not match the state (a bug or a stale decision)."""
+
+
+def _order(p: Pending) -> tuple:
+    return p.order
+
+
+class EngineState:
+    """Running jobs, queues, free capacity and quota usage, kept in step."""
+
+    def __init__(self, cluster: Cluster, teams: Mapping[str, Team], policy: Policy) -> None:
+        self.cluster = cluster
+        self.teams = teams
+        self.policy = policy
+        self.capacity = Capacity(cluster)
+        self.quota = QuotaLedger(teams)
+        self.running: dict[str, Running] = {}
+        self.running_priorities: dict[str, Counter] = {t: Counter() for t in teams}
+        self.pending: dict[str, Pending] = {}
+        # team -> class of identical jobs (Job.shape) -> its pending jobs in queue order
+        self.queues: dict[str, dict[tuple, SortedKeyList]] = {t: {} for t in teams}
+        self.holds: dict[str, Hold] = {}
+        self.reservations: dict[str, Reservation] = {}
+        self._origin: dict[str, Pending] = {}  # queue entries of running jobs: a preempted job
+        self._seq = 0  # goes back to its old place
+
+    # -- events from outside ----------------------------------------------------------------
+
+    def submit(self, job: Job, now: float) -> Pending:
+        """Queue a job (already checked by admission.check_job)."""
+        if job.id in self.pending or job.id in self.running or job.id in self.holds:
+            raise StateError(f"job {job.id} is already known")
+        self._seq += 1
+        return self._enqueue(Pending(job, now, self._seq))
+
+    def finish(self, job_id: str) -> Running:
+        """A running job ended: free what it held."""
+        run = self.running.pop(job_id, None)
+        if run is None:
+            raise StateError(f"job {job_id} is not running")
+        self._release(run.job, run.placement)
+        self._origin.pop(job_id, None)
+        return run
+
+    def cancel(self, job_id: str) -> Job | None:
+        """Drop a job wherever it is; returns it, or None if unknown."""
+        if job_id in self.running:
+            return self.finish(job_id).job
+        if job_id in self.holds:
+            hold = self.holds.pop(job_id)
+            self.capacity.give_placement(hold.bound, hold.job.cpu, hold.job.mem)
+            self.quota.remove(hold.job.team, hold.job.demand)
+            return hold.job
+        if job_id in self.pending:
+            self.reservations.pop(job_id, None)
+            return self._dequeue(job_id).job
+        return None
+
+    # -- the cycle --------------------------------------------------------------------------
+
+    def snapshot(self, now: float) -> Snapshot:
+        return Snapshot(
+            now=now,
+            cluster=self.cluster,
+            teams=self.teams,
+            capacity=self.capacity,
+            quota=self.quota,
+            running=self.running,
+            running_priorities=self.running_priorities,
+            queues=self.queues,
+            pending=self.pending,
+            holds=self.holds,
+            reservations=self.reservations,
+        )
+
+    def apply(self, result: CycleResult) -> None:
+        """Make a cycle's decisions true, in the order that keeps every step valid."""
+        now = result.now
+        for ev in result.evicted:
+            hold = self.holds.pop(ev.job_id)
+            self.capacity.give_placement(hold.bound, hold.job.cpu, hold.job.mem)
+            self.quota.remove(hold.job.team, hold.job.demand)
+            self._seq += 1
+            backoff = now + self.policy.requeue_backoff_s
+            self._enqueue(Pending(hold.job, now, self._seq, not_before=backoff))
+        for pre in result.preempted:
+            run = self.running.pop(pre.job_id, None)
+            if run is None:
+                raise StateError(f"cannot preempt {pre.job_id}: it is not running")
+            self._release(run.job, run.placement)
+            self._enqueue(self._origin.pop(pre.job_id))
+        for hu in result.holds:
+            self._bind(hu.job, hu.bound, now)
+        for adm in result.admitted:
+            job = adm.job
+            if job.id in self.holds:
+                self._bind(job, adm.placement.replicas, now)
+                del self.holds[job.id]
+            else:
+                self._origin[job.id] = self._dequeue(job.id)
+                self.capacity.take_placement(adm.placement, job.cpu, job.mem)
+                self.quota.add(job.team, job.demand)
+            self.running[job.id] = Running(job, adm.placement, now)
+            self.running_priorities[job.team][job.priority] += 1
+        self.reservations = dict(result.reservations)
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _bind(self, job: Job, bound: tuple, now: float) -> None:
+        hold = self.holds.get(job.id)
+        if hold is None:  # admitted by quota just now
+            self._dequeue(job.id)
+            self.quota.add(job.team, job.demand)
+            already: tuple = ()
+            since = now
+        else:
+            already, since = hold.bound, hold.since
+        if bound[: len(already)] != already:
+            raise StateError(f"hold update for {job.id} drops replicas already bound")
+        self.capacity.take_placement(bound[len(already) :], job.cpu, job.mem)
+        self.holds[job.id] = Hold(job, tuple(bound), since)
+
+    def _release(self, job: Job, placement: Placement) -> None:
+        """A running job stops (finish, preemption, cancel)."""
+        self.capacity.give_placement(placement, job.cpu, job.mem)
+        self.quota.remove(job.team, job.demand)
+        prios = self.running_priorities[job.team]
+        prios[job.priority] -= 1
+        if not prios[job.priority]:
+            del prios[job.priority]
+
+    def _enqueue(self, p: Pending) -> Pending:
+        if p.job.team not in self.queues:
+            raise StateError(f"unknown team {p.job.team}")
+        self.pending[p.job.id] = p
+        classes = self.queues[p.job.team]
+        queue = classes.get(p.job.shape)
+        if queue is None:
+            queue = classes[p.job.shape] = SortedKeyList(key=_order)
+        queue.add(p)
+        return p
+
+    def _dequeue(self, job_id: str) -> Pending:
+        p = self.pending.pop(job_id, None)
+        if p is None:
+            raise StateError(f"job {job_id} is not pending")
+        classes = self.queues[p.job.team]
+        queue = classes[p.job.shape]
+        queue.remove(p)
+        if not queue:
+            del classes[p.job.shape]
+        return p
