@@ -37,7 +37,7 @@ from scheduling.placement import (
     place_replicas_partially,
 )
 from scheduling.policy import Policy
-from scheduling.preemption import PreemptionPlan, may_preempt, plan_preemption
+from scheduling.preemption import PreemptionPlan, VictimPool, may_preempt, plan_preemption
 from scheduling.quota import QuotaProblem
 from scheduling.reservation import choose_reservation
 from scheduling.resources import fmt_gpus
@@ -77,6 +77,8 @@ class _Cycle:
         self.result = CycleResult(snap.now)
         self.failed = self.result.by_shape
         self.no_room: dict[tuple, PendingReason] = {}
+        self.no_plan: dict[tuple, int] = {}
+        self.victim_pool: VictimPool | None = None
         self.victims: set[str] = set()
         self.total = snap.cluster.total
         self.place = PLACERS[policy.placement]
@@ -160,21 +162,33 @@ class _Cycle:
         else:
             reason = _quota(job, problem)
         if self.policy.preemption and may_preempt(self.snap, self.quota, job):
-            plan = plan_preemption(
-                self.snap,
-                self.cap,
-                self.quota,
-                job,
-                min_runtime_s=self.policy.min_runtime_s,
-                excluded=self.victims,
-                max_candidates=self.policy.max_preemption_candidates,
-            )
+            plan = self._plan_preemption(job)
             if plan is not None:
                 self._admit_with_preemption(job, plan, candidates)
                 return None
         if reason.code == Reason.NO_PLACEMENT:
             self._maybe_reserve(pending)
         return reason
+
+    def _plan_preemption(self, job: Job) -> PreemptionPlan | None:
+        # A failed plan for a job means no plan for a bigger one of the same team, priority and
+        # topology in this cycle (victims only get fewer): skip those searches.
+        key = (job.team, job.priority, job.topology, job.shared)
+        if job.demand.gpu >= self.no_plan.get(key, 1 << 62):
+            return None
+        if self.victim_pool is None:
+            self.victim_pool = VictimPool(self.snap, self.policy.min_runtime_s)
+        plan = plan_preemption(
+            self.victim_pool,
+            self.cap,
+            self.quota,
+            job,
+            excluded=self.victims,
+            max_candidates=self.policy.max_preemption_candidates,
+        )
+        if plan is None:
+            self.no_plan[key] = min(job.demand.gpu, self.no_plan.get(key, 1 << 62))
+        return plan
 
     def _place_or_explain(self, job: Job) -> PendingReason | None:
         """Admit if a placement exists now; else why not. Placement failures do not depend on

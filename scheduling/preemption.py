@@ -26,6 +26,26 @@ class PreemptionPlan:
     victims: tuple[Running, ...]
 
 
+class VictimPool:
+    """Running jobs that may be preempted now (preemptible, past their minimum run time), by
+    team, cheapest losses first. Built once per cycle, on the first preemption attempt."""
+
+    def __init__(self, snap: Snapshot, min_runtime_s: float) -> None:
+        by_team: dict[str, list[Running]] = {}
+        for r in snap.running.values():
+            if r.job.preemptible and snap.now - r.start_time >= min_runtime_s:
+                by_team.setdefault(r.job.team, []).append(r)
+        for runs in by_team.values():
+            # Cheapest losses first: lower priority, then the most recently started.
+            runs.sort(key=_loss)
+        self.by_team = by_team
+        self.gpus = {t: sum(r.job.demand.gpu for r in runs) for t, runs in by_team.items()}
+
+
+def _loss(r: Running) -> tuple:
+    return (r.job.priority, -r.start_time, r.job.id)
+
+
 def may_preempt(snap: Snapshot, quota: QuotaLedger, job: Job) -> bool:
     """Cheap test whether a preemption plan is worth searching for."""
     if _reclaims(quota, job):
@@ -40,32 +60,32 @@ def _reclaims(quota: QuotaLedger, job: Job) -> bool:
 
 
 def plan_preemption(
-    snap: Snapshot,
+    pool: VictimPool,
     cap: Capacity,
     quota: QuotaLedger,
     job: Job,
     *,
-    min_runtime_s: float,
     excluded: set[str],
     max_candidates: int,
 ) -> PreemptionPlan | None:
     """Victims and the placement they make room for, or None. Does not change cap or quota."""
-    reclaim = _reclaims(quota, job)
     candidates = [
         r
-        for r in snap.running.values()
-        if r.job.preemptible
-        and r.job.id not in excluded
-        and snap.now - r.start_time >= min_runtime_s
-        and (
-            (r.job.team == job.team and r.job.priority < job.priority)
-            or (reclaim and r.job.team != job.team and quota.borrowing(r.job.team))
-        )
+        for r in pool.by_team.get(job.team, ())
+        if r.job.priority < job.priority and r.job.id not in excluded
     ]
-    if not candidates:
-        return None
-    # Cheapest losses first: lower priority, then the most recently started (least work lost).
-    candidates.sort(key=lambda r: (r.job.priority, -r.start_time, r.job.id))
+    reachable = sum(r.job.demand.gpu for r in candidates)
+    if _reclaims(quota, job):
+        for team, runs in pool.by_team.items():
+            if team != job.team and quota.borrowing(team):
+                t = quota.teams[team]
+                borrowed = quota.usage[team].gpu - t.nominal.gpu
+                reachable += min(pool.gpus[team], max(borrowed, 0))
+                candidates.extend(r for r in runs if r.job.id not in excluded)
+    need = job.demand.gpu - cap.domain_free["cluster"]["cluster"] * 1000
+    if not candidates or (not job.shared and reachable < need):
+        return None  # even every allowed victim would not free enough GPUs
+    candidates.sort(key=_loss)
     trial_cap, trial_quota = cap.clone(), quota.clone()
     chosen: list[Running] = []
     for victim in candidates[:max_candidates]:

@@ -228,6 +228,17 @@ def test_empty_log_gives_zeros_and_nulls() -> None:
     assert s.series.t_s.size == 0 and s.series.jct_s.size == 0
 
 
+def test_unknown_event_types_are_skipped_and_bare_rejects_count_as_jobs() -> None:
+    events = [
+        {"t": 0.0, "type": "tick"},
+        ev(1, "reject", "z", "a", reason="infeasible", message="no"),
+        ev(3, "note", "z", "a"),
+    ]
+    s = summarize(events, TWO_NODES, TEAMS, policy="p", wall_s=0).as_dict()
+    assert (s["jobs"], s["rejected"], s["unfinished"], s["makespan_s"]) == (1, 1, 0, 3.0)
+    assert s["teams"][0]["rejected"] == 1
+
+
 def test_as_dict_is_a_copy() -> None:
     s = summarize(EVENTS, TWO_NODES, TEAMS, policy="p", wall_s=0)
     s.as_dict()["teams"].clear()

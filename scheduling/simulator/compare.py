@@ -29,8 +29,8 @@ from scheduling.simulator.report import (
 BARS: tuple[tuple[str, str, str | None], ...] = (
     ("avg_jct_s", "Avg JCT", None),
     ("avg_queue_s", "Avg queue wait", None),
-    ("gpu_utilization", "GPU utilisation (holds included)", "fraction of GPU-time allocated"),
-    ("fragmentation", "Fragmentation", "fraction of idle GPU-time on partly used nodes"),
+    ("gpu_utilization", "GPU utilisation (holds included)", "share of GPU-time allocated"),
+    ("fragmentation", "Fragmentation", "share of idle GPU-time on partly used nodes"),
 )
 
 
@@ -85,12 +85,12 @@ def _markdown(table: dict[str, Any]) -> str:
         for policy in policies:
             text = fmt_metric(key, table["metrics"][key][policy])
             r = table["ratio_to_baseline"][key].get(policy)
-            cells.append(f"{text} ({r:g}x)" if r is not None else text)
+            cells.append(f"{text} [×{r:.2f}]" if r is not None else text)
         rows.append(cells)
     lines = [
         "# Policy comparison",
         "",
-        f"Each column is one policy on the same trace; `(Nx)` is the ratio to `{base}`.",
+        f"Each column is one policy on the same trace; `[×r]` is the ratio to `{base}`.",
         "",
         *markdown_table(header, rows),
         "",

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 SMALL_JOB_GPUS = 8
+_KINDS = frozenset({"submit", "admit", "hold", "evict", "finish", "preempt", "reject"})
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,9 @@ def summarize(
     """Replay ``events`` (in time order) once and compute every summary field.
 
     Raises ``ValueError`` on events out of time order, placements on unknown nodes or
-    GPU indices, and lifecycle events for jobs that were never submitted.
+    GPU indices, and lifecycle events for jobs that were never submitted (a ``reject``
+    without a ``submit`` counts as both). Event types not listed in the log format are
+    skipped, so the engine can add its own without breaking reports.
     """
     replay = _Replay(cluster)
     for ev in events:
@@ -154,7 +157,10 @@ class _Replay:
             self.int_free += (self.total - self.used) * dt
             self.int_partial += self.partial_free * dt
             self.now = t
-        kind, name = ev["type"], ev["job"]
+        kind = ev["type"]
+        if kind not in _KINDS:
+            return
+        name = ev["job"]
         job = self.jobs.get(name)
         if kind == "submit" or (job is None and kind == "reject"):
             job = _Job(ev["team"], t, float(ev.get("gpus", 0)), float(ev.get("duration", 0.0)))
@@ -299,8 +305,8 @@ class _Replay:
 
         xs: list[float] = []
         rows = []
-        for name, col in column.items():
-            mine = job_team == col
+        for name, idx in column.items():
+            mine = job_team == idx
             fin = mine & done
             if fin.any():
                 ratio = np.divide(

@@ -255,6 +255,10 @@ def _plot_team_usage(path: Path, summary: Summary, title: str) -> None:
     )
     bars.set_xticks(x, names, rotation=30 if len(names) > 8 else 0, ha="right")
     bars.set_ylabel("GPUs")
+    top = max(
+        [1.0] + [float(r["avg_gpus"]) for r in rows] + [float(r["nominal_gpus"]) for r in rows]
+    )
+    bars.set_ylim(0, top * 1.25)
     bars.set_title("Average GPUs used over the run vs nominal quota")
     bars.legend(loc="upper right")
     scale, unit = duration_unit(float(summary.data["makespan_s"] or 0))
