@@ -56,7 +56,7 @@ def schedule(snapshot: Snapshot, policy: Policy) -> CycleResult:
     if policy.partial_gangs:
         cycle.bind_partial_gangs()  # 2. gangs
     cycle.hide_reservations()  # 3. reserve
-    candidates = Candidates(snapshot, policy.ordering, cycle.share)  # 4. order
+    candidates = Candidates(snapshot, policy.ordering, cycle.share, cycle.borrows)  # 4. order
     for pending in candidates:
         cycle.nominate(pending, candidates)  # 5. nominate
         if cycle.stopped_by is not None:
@@ -78,6 +78,7 @@ class _Cycle:
         self.failed = self.result.by_shape
         self.no_room: dict[tuple, PendingReason] = {}
         self.no_plan: dict[tuple, int] = {}
+        self.quota_held: set[str] = set()
         self.victim_pool: VictimPool | None = None
         self.victims: set[str] = set()
         self.total = snap.cluster.total
@@ -86,6 +87,13 @@ class _Cycle:
 
     def share(self, team: str) -> float:
         return self.quota.dominant_share(team, self.total)
+
+    def borrows(self, pending: Pending) -> bool:
+        """Would admitting this job take its team above its nominal quota?"""
+        job = pending.job
+        return not (self.quota.usage[job.team] + job.demand).fits_in(
+            self.quota.teams[job.team].nominal
+        )
 
     # -- phase 2: partial gangs (the quota-spread baseline) ----------------------------------
 
@@ -140,12 +148,15 @@ class _Cycle:
         # The rest of its class would fail alike: close it; they share this reason.
         self.failed[(job.team, job.shape)] = reason
         candidates.close_class(job.team, job.shape)
-        if reason.code == Reason.QUOTA and self.now - pending.enqueued >= self.policy.starvation_s:
-            # Strict FIFO inside the team until its starving head gets its quota.
-            candidates.close_team(job.team)
-            self.result.tail[job.team] = PendingReason(
-                Reason.BEHIND, f"waiting behind job {job.id}, which has waited longest for quota"
-            )
+        starves_at = pending.enqueued + self.policy.starvation_s
+        if starves_at > self.now:
+            self._wake(starves_at)  # the starvation guard will look at it again then
+        elif reason.code == Reason.QUOTA and job.id not in self.quota_held:
+            # Hold the starving job's quota for the rest of the cycle: its team's later jobs
+            # may only use what it does not need, so as the team's running jobs finish, room
+            # for it builds up instead of being taken by smaller jobs behind it.
+            self.quota_held.add(job.id)
+            self.quota.add(job.team, job.demand)
 
     def _admit_or_explain(self, pending: Pending, candidates: Candidates) -> PendingReason | None:
         job = pending.job
@@ -161,7 +172,7 @@ class _Cycle:
                 return None
         else:
             reason = _quota(job, problem)
-        if self.policy.preemption and may_preempt(self.snap, self.quota, job):
+        if self._may_preempt(pending):
             plan = self._plan_preemption(job)
             if plan is not None:
                 self._admit_with_preemption(job, plan, candidates)
@@ -170,6 +181,16 @@ class _Cycle:
             self._maybe_reserve(pending)
         return reason
 
+    def _may_preempt(self, pending: Pending) -> bool:
+        if not self.policy.preemption or not may_preempt(self.snap, self.quota, pending.job):
+            return False
+        # Waiting a little often beats killing work: turnover frees room without a restart.
+        allowed_at = pending.enqueued + self.policy.preemption_delay_s
+        if allowed_at > self.now:
+            self._wake(allowed_at)
+            return False
+        return True
+
     def _plan_preemption(self, job: Job) -> PreemptionPlan | None:
         # A failed plan for a job means no plan for a bigger one of the same team, priority and
         # topology in this cycle (victims only get fewer): skip those searches.
@@ -177,7 +198,9 @@ class _Cycle:
         if job.demand.gpu >= self.no_plan.get(key, 1 << 62):
             return None
         if self.victim_pool is None:
-            self.victim_pool = VictimPool(self.snap, self.policy.min_runtime_s)
+            self.victim_pool = VictimPool(
+                self.snap, self.policy.min_runtime_s, self.policy.max_preemptions
+            )
         plan = plan_preemption(
             self.victim_pool,
             self.cap,
@@ -188,6 +211,8 @@ class _Cycle:
         )
         if plan is None:
             self.no_plan[key] = min(job.demand.gpu, self.no_plan.get(key, 1 << 62))
+            if self.victim_pool.next_eligible is not None:
+                self._wake(self.victim_pool.next_eligible)  # more victims may be allowed then
         return plan
 
     def _place_or_explain(self, job: Job) -> PendingReason | None:
@@ -265,6 +290,8 @@ class _Cycle:
             self.cap.hide(res.nodes)
 
     def _wake(self, t: float) -> None:
+        if math.isinf(t):
+            return
         if self.result.next_wakeup is None or t < self.result.next_wakeup:
             self.result.next_wakeup = t
 

@@ -82,6 +82,13 @@ class CycleResult:
     next_wakeup: float | None = None  # a time-based change (timeout, backoff) is due then
     examined: int = 0
 
+    def settles(self, job: Job) -> bool:
+        """True when this cycle already decided what a cycle would decide for a newly queued
+        `job`, given no other change: its class failed (and a new member queues behind the one
+        that failed), or its team's queue was closed. Time-driven changes come as next_wakeup.
+        """
+        return (job.team, job.shape) in self.by_shape or job.team in self.tail
+
     def reason_for(self, job: Job) -> PendingReason | None:
         """Why `job` is still pending after this cycle; None if it was admitted or held.
 

@@ -25,16 +25,15 @@ class Job:
     topology: str = "any"
     preemptible: bool = True
     submit_time: float = 0.0
+    demand: Resources = field(init=False, repr=False, compare=False)  # the whole gang's request
+
+    def __post_init__(self) -> None:
+        r = self.replicas
+        object.__setattr__(self, "demand", Resources(self.gpu * r, self.cpu * r, self.mem * r))
 
     @property
     def per_replica(self) -> Resources:
         return Resources(self.gpu, self.cpu, self.mem)
-
-    @property
-    def demand(self) -> Resources:
-        return Resources(
-            self.gpu * self.replicas, self.cpu * self.replicas, self.mem * self.replicas
-        )
 
     @property
     def whole_gpus(self) -> int:
@@ -94,6 +93,7 @@ class Running:
     job: Job
     placement: Placement
     start_time: float
+    preemptions: int = 0  # how often this job was preempted before this run
 
 
 @dataclass(frozen=True, slots=True)

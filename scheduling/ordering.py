@@ -1,8 +1,10 @@
 """The order in which a cycle considers pending jobs.
 
-- `drf`: higher priority first; among equal priority, the team with the smallest weighted
-  dominant-resource share (DRF over GPUs, CPUs, memory) goes next; FIFO within a team. Shares are
-  re-read after each admission, so one team cannot take a whole cycle.
+- `drf`: higher priority first; then jobs that fit in their team's nominal quota before jobs
+  that would borrow (as Kueue does: guaranteed quota is served first, or a borrower would take
+  freed GPUs that a lender wants back, be reclaimed, retake them, and so on); then the team
+  with the smallest weighted dominant-resource share (DRF over GPUs, CPUs, memory); FIFO within
+  a team. Shares are re-read after each admission, so one team cannot take a whole cycle.
 - `priority_fifo`: Kueue's default across queues: priority, then age.
 - `fifo`: one global queue in submission order.
 
@@ -24,9 +26,16 @@ from scheduling.snapshot import Snapshot
 class Candidates:
     """Iterator over pending jobs in policy order, with classes and teams closable mid-cycle."""
 
-    def __init__(self, snap: Snapshot, ordering: str, share: Callable[[str], float]) -> None:
+    def __init__(
+        self,
+        snap: Snapshot,
+        ordering: str,
+        share: Callable[[str], float],
+        borrows: Callable[[Pending], bool],
+    ) -> None:
         self._ordering = ordering
         self._share = share
+        self._borrows = borrows
         self._version: dict[str, int] = {}
         self._closed_classes: set[tuple[str, tuple]] = set()
         self._closed_teams: set[str] = set()
@@ -45,7 +54,7 @@ class Candidates:
 
     def _key(self, p: Pending, share: float) -> tuple:
         if self._ordering == "drf":
-            return (p.order[0], share, p.enqueued, p.seq)
+            return (p.order[0], self._borrows(p), share, p.enqueued, p.seq)
         if self._ordering == "priority_fifo":
             return p.order
         return (p.enqueued, p.seq)

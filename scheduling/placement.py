@@ -121,14 +121,11 @@ def _replicas_on_node(cap: Capacity, node: int, g: int, count: int) -> list[Repl
 def _whole_in_domain(cap: Capacity, job: Job, level: str) -> list[ReplicaPlacement] | None:
     g = job.whole_gpus
     need = g * job.replicas
+    free = cap.domain_free[level]
     best: tuple[int, str] | None = None
-    for dom, free in cap.domain_free[level].items():
-        if free < need or (best is not None and free - need >= best[0]):
-            continue
-        if _slots_in(cap, cap.cluster.domains[level][dom], job) >= job.replicas:
-            best = (free - need, dom)
-            if free == need:
-                break
+    for dom, slots in _domain_slots(cap, level, job).items():
+        if slots >= job.replicas and (best is None or (free[dom] - need, dom) < best):
+            best = (free[dom] - need, dom)
     if best is None:
         return None
     nodes = [i for i in cap.cluster.domains[level][best[1]] if cap.usable(i)]
@@ -152,22 +149,24 @@ def _cpu_mem_slots(cap: Capacity, i: int, job: Job) -> int:
     return slots
 
 
-def _slots_in(cap: Capacity, nodes: tuple[int, ...], job: Job) -> int:
-    """How many replicas the nodes can take now (stops counting once there are enough)."""
+def _domain_slots(cap: Capacity, level: str, job: Job) -> dict[str, int]:
+    """Replicas of `job` each domain of `level` can take now.
+
+    Walks only nodes with at least one replica's worth of free GPUs (the index buckets), which
+    on a busy cluster are few, instead of every node of every domain.
+    """
     g = job.whole_gpus
-    free, hidden = cap.free, cap.hidden
+    dom_of = cap.cluster.domain_of[level]
     limited = job.cpu or job.mem
-    total = 0
-    for i in nodes:
-        if i in hidden:
-            continue
-        n = free[i].bit_count() // g
-        if n and limited:
-            n = min(n, _cpu_mem_slots(cap, i, job))
-        total += n
-        if total >= job.replicas:
-            break
-    return total
+    slots: dict[str, int] = {}
+    for k in range(g, len(cap.node_buckets)):
+        per = k // g
+        for i in cap.node_buckets[k]:
+            n = min(per, _cpu_mem_slots(cap, i, job)) if limited else per
+            if n:
+                d = dom_of[i]
+                slots[d] = slots.get(d, 0) + n
+    return slots
 
 
 # -- shared (fractional) replicas -------------------------------------------------------------

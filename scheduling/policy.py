@@ -25,11 +25,13 @@ class Policy:
     partial_gangs: bool = False  # bind replicas one by one and hold them (the baseline's waste)
     preemption: bool = True
     min_runtime_s: float = 600.0  # a job runs at least this long before it may be preempted
+    preemption_delay_s: float = 600.0  # a job waits this long before it may preempt others
+    max_preemptions: int = 1  # a job preempted this often is not preempted again
     starvation_s: float = 1800.0  # blocked this long -> reserve a domain / strict team FIFO
     max_reservations: int = 2
     gang_timeout_s: float = 300.0  # partial gangs: Kueue's waitForPodsReady timeout
     requeue_backoff_s: float = 60.0  # after a gang timeout
-    max_preemption_candidates: int = 256
+    max_preemption_candidates: int = 64
 
 
 FIFO = Policy(

@@ -27,14 +27,21 @@ class PreemptionPlan:
 
 
 class VictimPool:
-    """Running jobs that may be preempted now (preemptible, past their minimum run time), by
-    team, cheapest losses first. Built once per cycle, on the first preemption attempt."""
+    """Running jobs that may be preempted now, by team, cheapest losses first: preemptible,
+    past their minimum run time, and not already preempted `max_preemptions` times (without
+    that cap a long job can be reclaimed, re-borrow, and be reclaimed again, losing its work
+    each time). Built once per cycle, on the first preemption attempt."""
 
-    def __init__(self, snap: Snapshot, min_runtime_s: float) -> None:
+    def __init__(self, snap: Snapshot, min_runtime_s: float, max_preemptions: int) -> None:
         by_team: dict[str, list[Running]] = {}
+        self.next_eligible: float | None = None  # when the next running job may be preempted
         for r in snap.running.values():
-            if r.job.preemptible and snap.now - r.start_time >= min_runtime_s:
+            if not r.job.preemptible or r.preemptions >= max_preemptions:
+                continue
+            if snap.now - r.start_time >= min_runtime_s:
                 by_team.setdefault(r.job.team, []).append(r)
+            elif self.next_eligible is None or r.start_time + min_runtime_s < self.next_eligible:
+                self.next_eligible = r.start_time + min_runtime_s
         for runs in by_team.values():
             # Cheapest losses first: lower priority, then the most recently started.
             runs.sort(key=_loss)
@@ -86,19 +93,102 @@ def plan_preemption(
     if not candidates or (not job.shared and reachable < need):
         return None  # even every allowed victim would not free enough GPUs
     candidates.sort(key=_loss)
-    trial_cap, trial_quota = cap.clone(), quota.clone()
-    chosen: list[Running] = []
-    for victim in candidates[:max_candidates]:
-        v = victim.job
-        if v.team != job.team and trial_quota.below_nominal_after(v.team, v.demand):
+    if job.replicas == 1 and not job.shared and place_gang(cap, job) is None:
+        # Room on one node is what it lacks; the per-node search covers every such plan.
+        return _plan_on_one_node(candidates, cap, quota, job)
+    return _plan_greedy(candidates[:max_candidates], cap, quota, job)
+
+
+def _plan_on_one_node(
+    candidates: list[Running], cap: Capacity, quota: QuotaLedger, job: Job
+) -> PreemptionPlan | None:
+    """A single-replica job needs room on one node: for each node, the cheapest victims there
+    that make room; then the node whose victims cost least (priority, GPUs, count)."""
+    need = job.whole_gpus
+    by_node: dict[int, list[Running]] = {}
+    for r in candidates:
+        if any(rep.share for rep in r.placement.replicas):
+            continue  # freeing a share may not free a whole GPU; the greedy search handles it
+        for n in {rep.node for rep in r.placement.replicas}:
+            by_node.setdefault(n, []).append(r)
+    best: tuple[tuple, list[Running]] | None = None
+    for node, victims in by_node.items():
+        if not cap.usable(node):
             continue
-        trial_cap.give_placement(victim.placement, v.cpu, v.mem)
-        trial_quota.remove(v.team, v.demand)
-        chosen.append(victim)
-        if _fits(trial_cap, trial_quota, job):
-            break
-    else:
+        free, cpu, mem = cap.free_gpus(node), cap.free_cpu[node], cap.free_mem[node]
+        upper = free + sum(
+            len(rep.gpus) for v in victims for rep in v.placement.replicas if rep.node == node
+        )
+        if upper < need:
+            continue  # even every victim here would not free enough
+        trial = quota.clone()
+        chosen: list[Running] = []
+        for v in victims:
+            if free >= need and cpu >= job.cpu and mem >= job.mem:
+                break
+            if v.job.team != job.team and trial.below_nominal_after(v.job.team, v.job.demand):
+                continue
+            trial.remove(v.job.team, v.job.demand)
+            chosen.append(v)
+            for rep in v.placement.replicas:
+                if rep.node == node:
+                    free += len(rep.gpus)
+                    cpu += v.job.cpu
+                    mem += v.job.mem
+        if not chosen or free < need or cpu < job.cpu or mem < job.mem:
+            continue
+        if trial.check(job.team, job.demand, job.preemptible) is not None:
+            continue
+        cost = (
+            max(v.job.priority for v in chosen),
+            sum(v.job.demand.gpu for v in chosen),
+            len(chosen),
+            node,
+        )
+        if best is None or cost < best[0]:
+            best = (cost, chosen)
+    if best is None:
         return None
+    trial_cap = cap.clone()
+    for v in best[1]:
+        trial_cap.give_placement(v.placement, v.job.cpu, v.job.mem)
+    placement = place_gang(trial_cap, job)
+    assert placement is not None  # the chosen node has the room
+    return PreemptionPlan(placement, tuple(best[1]))
+
+
+def _plan_greedy(
+    candidates: list[Running], cap: Capacity, quota: QuotaLedger, job: Job
+) -> PreemptionPlan | None:
+    """The shortest prefix of the victims (in loss order) that makes room, then pruned."""
+    allowed: list[Running] = []
+    q = quota.clone()
+    for r in candidates:  # skip a victim whose team it would take below nominal
+        v = r.job
+        if v.team != job.team and q.below_nominal_after(v.team, v.demand):
+            continue
+        q.remove(v.team, v.demand)
+        allowed.append(r)
+
+    def without(k: int) -> tuple[Capacity, QuotaLedger]:
+        c, qq = cap.clone(), quota.clone()
+        for r in allowed[:k]:
+            c.give_placement(r.placement, r.job.cpu, r.job.mem)
+            qq.remove(r.job.team, r.job.demand)
+        return c, qq
+
+    if not allowed or not _fits(*without(len(allowed)), job):
+        return None  # even every allowed victim would not make room
+    # More victims only free more, so "fits" is monotone in the prefix length: bisect it.
+    lo, hi = 1, len(allowed)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _fits(*without(mid), job):
+            hi = mid
+        else:
+            lo = mid + 1
+    chosen = allowed[:lo]
+    trial_cap, trial_quota = without(lo)
     # Prune: put back every victim the preemptor can do without, the costliest first.
     for victim in sorted(chosen[:-1], key=lambda r: (-r.job.priority, r.start_time)):
         v = victim.job

@@ -70,12 +70,13 @@ def cohort_pool(teams: Mapping[str, Team]) -> Resources:
 class QuotaLedger:
     """Usage per team and of the cohort's lending pool; cheap to clone for a cycle's scratch."""
 
-    __slots__ = ("_guaranteed", "pool_capacity", "pool_used", "teams", "usage")
+    __slots__ = ("_ceiling", "_guaranteed", "pool_capacity", "pool_used", "teams", "usage")
 
     def __init__(self, teams: Mapping[str, Team]) -> None:
         self.teams = teams
         self.usage: dict[str, Resources] = {name: ZERO for name in teams}
         self._guaranteed = {name: t.guaranteed for name, t in teams.items()}
+        self._ceiling = {name: t.ceiling for name, t in teams.items()}
         self.pool_capacity = cohort_pool(teams)
         self.pool_used = ZERO
 
@@ -84,38 +85,48 @@ class QuotaLedger:
         new.teams = self.teams
         new.usage = dict(self.usage)
         new._guaranteed = self._guaranteed
+        new._ceiling = self._ceiling
         new.pool_capacity = self.pool_capacity
         new.pool_used = self.pool_used
         return new
 
-    def _pool_part(self, team: str, usage: Resources) -> Resources:
-        return (usage - self._guaranteed[team]).clamp_low()
+    def _pool_delta(self, team: str, before: Resources, after: Resources) -> tuple[int, int, int]:
+        """How the team's draw on the lending pool changes from `before` to `after` usage."""
+        g = self._guaranteed[team]
+        return (
+            max(after.gpu - g.gpu, 0) - max(before.gpu - g.gpu, 0),
+            max(after.cpu - g.cpu, 0) - max(before.cpu - g.cpu, 0),
+            max(after.mem - g.mem, 0) - max(before.mem - g.mem, 0),
+        )
 
     def check(self, team: str, request: Resources, preemptible: bool = True) -> QuotaProblem | None:
         """None when `request` fits the team's quota now, else the first limit it breaks."""
-        t = self.teams[team]
         before = self.usage[team]
         after = before + request
-        over = after.first_excess(t.ceiling)
+        over = after.first_excess(self._ceiling[team])
         if over:
             return QuotaProblem(over, "borrowing_limit")
         if not preemptible:
-            over = after.first_excess(t.nominal)
+            over = after.first_excess(self.teams[team].nominal)
             if over:
                 return QuotaProblem(over, "nominal_non_preemptible")
-        pool = self.pool_used - self._pool_part(team, before) + self._pool_part(team, after)
-        over = pool.first_excess(self.pool_capacity)
-        if over:
-            return QuotaProblem(over, "cohort")
+        dg, dc, dm = self._pool_delta(team, before, after)
+        used, cap = self.pool_used, self.pool_capacity
+        if used.gpu + dg > cap.gpu:
+            return QuotaProblem("gpus", "cohort")
+        if used.cpu + dc > cap.cpu:
+            return QuotaProblem("cpus", "cohort")
+        if used.mem + dm > cap.mem:
+            return QuotaProblem("memory_gb", "cohort")
         return None
 
     def add(self, team: str, amount: Resources) -> None:
         before = self.usage[team]
         after = before + amount
         self.usage[team] = after
-        self.pool_used = (
-            self.pool_used - self._pool_part(team, before) + self._pool_part(team, after)
-        )
+        dg, dc, dm = self._pool_delta(team, before, after)
+        u = self.pool_used
+        self.pool_used = Resources(u.gpu + dg, u.cpu + dc, u.mem + dm)
 
     def remove(self, team: str, amount: Resources) -> None:
         self.add(team, Resources(-amount.gpu, -amount.cpu, -amount.mem))

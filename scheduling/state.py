@@ -46,6 +46,7 @@ class EngineState:
         self.queues: dict[str, dict[tuple, SortedKeyList]] = {t: {} for t in teams}
         self.holds: dict[str, Hold] = {}
         self.reservations: dict[str, Reservation] = {}
+        self.preemptions: dict[str, int] = {}  # job -> times preempted so far
         self._origin: dict[str, Pending] = {}  # queue entries of running jobs: a preempted job
         self._seq = 0  # goes back to its old place
 
@@ -65,6 +66,7 @@ class EngineState:
             raise StateError(f"job {job_id} is not running")
         self._release(run.job, run.placement)
         self._origin.pop(job_id, None)
+        self.preemptions.pop(job_id, None)
         return run
 
     def cancel(self, job_id: str) -> Job | None:
@@ -113,6 +115,7 @@ class EngineState:
             if run is None:
                 raise StateError(f"cannot preempt {pre.job_id}: it is not running")
             self._release(run.job, run.placement)
+            self.preemptions[pre.job_id] = run.preemptions + 1
             self._enqueue(self._origin.pop(pre.job_id))
         for hu in result.holds:
             self._bind(hu.job, hu.bound, now)
@@ -125,7 +128,7 @@ class EngineState:
                 self._origin[job.id] = self._dequeue(job.id)
                 self.capacity.take_placement(adm.placement, job.cpu, job.mem)
                 self.quota.add(job.team, job.demand)
-            self.running[job.id] = Running(job, adm.placement, now)
+            self.running[job.id] = Running(job, adm.placement, now, self.preemptions.get(job.id, 0))
             self.running_priorities[job.team][job.priority] += 1
         self.reservations = dict(result.reservations)
 

@@ -98,6 +98,7 @@ def simulate(
     settled = cycles = 0
     total = len(trace)
 
+    last = None  # the last cycle's result: new jobs it already settles need no new cycle
     while heap:
         now = heap[0][0]
         changed = False
@@ -141,14 +142,21 @@ def simulate(
                     settled += 1
                     continue
                 state.submit(job, now)
+                if last is not None and last.settles(job):
+                    continue
             else:
                 ticks.discard(now)
             changed = True
         if not changed or not (state.pending or state.holds):
             continue
-        result = schedule(state.snapshot(now), policy)
+        result = last = schedule(state.snapshot(now), policy)
         cycles += 1
         state.apply(result)
+        if result.preempted and now not in ticks:
+            # Classes closed before the preemption freed room get their turn at once.
+            ticks.add(now)
+            heapq.heappush(heap, (now, _TICK, seq, None))
+            seq += 1
         for ev in result.evicted:
             team = jobs[ev.job_id].team
             emit({"t": now, "type": "evict", "job": ev.job_id, "team": team, "reason": ev.reason})
