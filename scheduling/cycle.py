@@ -100,7 +100,7 @@ class _Cycle:
     def bind_partial_gangs(self) -> None:
         for hold in sorted(self.snap.holds.values(), key=lambda h: (h.since, h.job.id)):
             job = hold.job
-            if self.now - hold.since >= self.policy.gang_timeout_s:
+            if self.now >= hold.since + self.policy.gang_timeout_s:  # same sum as the wake-up
                 self.cap.give_placement(hold.bound, job.cpu, job.mem)
                 self.quota.remove(job.team, job.demand)
                 self.result.evicted.append(Evict(job.id, "gang_timeout"))
@@ -151,10 +151,16 @@ class _Cycle:
         starves_at = pending.enqueued + self.policy.starvation_s
         if starves_at > self.now:
             self._wake(starves_at)  # the starvation guard will look at it again then
-        elif reason.code == Reason.QUOTA and job.id not in self.quota_held:
+        elif (
+            reason.code == Reason.QUOTA
+            and job.id not in self.quota_held
+            and not self.borrows(pending)
+        ):
             # Hold the starving job's quota for the rest of the cycle: its team's later jobs
             # may only use what it does not need, so as the team's running jobs finish, room
-            # for it builds up instead of being taken by smaller jobs behind it.
+            # for it builds up instead of being taken by smaller jobs behind it. Only for a
+            # job within its nominal: holding borrowed quota would block every team's
+            # borrowing for a job that borrowing may never serve.
             self.quota_held.add(job.id)
             self.quota.add(job.team, job.demand)
 
@@ -199,7 +205,10 @@ class _Cycle:
             return None
         if self.victim_pool is None:
             self.victim_pool = VictimPool(
-                self.snap, self.policy.min_runtime_s, self.policy.max_preemptions
+                self.snap,
+                self.policy.min_runtime_s,
+                self.policy.max_preemptions,
+                self.policy.max_victim_runtime_s,
             )
         plan = plan_preemption(
             self.victim_pool,
@@ -279,7 +288,7 @@ class _Cycle:
         if (
             math.isinf(self.policy.starvation_s)
             or job.id in reservations
-            or self.now - pending.enqueued < self.policy.starvation_s
+            or pending.enqueued + self.policy.starvation_s > self.now
             or len(reservations) >= self.policy.max_reservations
         ):
             return
@@ -305,6 +314,8 @@ class _Cycle:
 
 def _no_placement(job: Job) -> PendingReason:
     level = max_level(job)
+    if job.replicas == 1 and level not in ("gpu_group", "node"):
+        level = "node"  # one replica never spans nodes: a node is what it lacks
     what = f"{job.replicas} x {fmt_gpus(job.gpu)} GPU"
     where = "the cluster" if level == "cluster" else f"any one {level}"
     return PendingReason(

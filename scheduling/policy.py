@@ -27,6 +27,8 @@ class Policy:
     min_runtime_s: float = 600.0  # a job runs at least this long before it may be preempted
     preemption_delay_s: float = 600.0  # a job waits this long before it may preempt others
     max_preemptions: int = 1  # a job preempted this often is not preempted again
+    max_victim_runtime_s: float = 3600.0  # a job that has run longer keeps running: the work a
+    # preemption destroys (without checkpoints) is bounded by this
     starvation_s: float = 1800.0  # blocked this long -> reserve a domain / strict team FIFO
     max_reservations: int = 2
     gang_timeout_s: float = 300.0  # partial gangs: Kueue's waitForPodsReady timeout

@@ -32,13 +32,21 @@ class VictimPool:
     that cap a long job can be reclaimed, re-borrow, and be reclaimed again, losing its work
     each time). Built once per cycle, on the first preemption attempt."""
 
-    def __init__(self, snap: Snapshot, min_runtime_s: float, max_preemptions: int) -> None:
+    def __init__(
+        self,
+        snap: Snapshot,
+        min_runtime_s: float,
+        max_preemptions: int,
+        max_runtime_s: float = float("inf"),
+    ) -> None:
         by_team: dict[str, list[Running]] = {}
         self.next_eligible: float | None = None  # when the next running job may be preempted
         for r in snap.running.values():
             if not r.job.preemptible or r.preemptions >= max_preemptions:
                 continue
-            if snap.now - r.start_time >= min_runtime_s:
+            if snap.now - r.start_time > max_runtime_s:
+                continue
+            if r.start_time + min_runtime_s <= snap.now:  # the same sum as the wake-up below
                 by_team.setdefault(r.job.team, []).append(r)
             elif self.next_eligible is None or r.start_time + min_runtime_s < self.next_eligible:
                 self.next_eligible = r.start_time + min_runtime_s

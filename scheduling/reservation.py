@@ -18,27 +18,48 @@ from scheduling.jobs import Job
 from scheduling.placement import max_level
 
 
-def _holds_when_empty(cap: Capacity, nodes: tuple[int, ...], job: Job, level: str) -> bool:
-    cl = cap.cluster
+def _slots_when_empty(cap: Capacity, node: int, job: Job) -> int:
+    n = cap.cluster.nodes[node]
     g = max(job.whole_gpus, 1)
-    if level == GPU_GROUP:
-        return any(m.bit_count() >= g * job.replicas for m in cl.nodes[nodes[0]].groups)
-    slots = 0
-    for i in nodes:
-        n = cl.nodes[i]
-        s = n.gpus // g
-        if job.cpu:
-            s = min(s, n.cpu // job.cpu)
-        if job.mem:
-            s = min(s, n.mem // job.mem)
+    s = n.gpus // g
+    if job.cpu:
+        s = min(s, n.cpu // job.cpu)
+    if job.mem:
+        s = min(s, n.mem // job.mem)
+    return s
+
+
+def _drain_set(
+    cap: Capacity, nodes: tuple[int, ...], job: Job
+) -> tuple[int, tuple[int, ...]] | None:
+    """The least-busy nodes of a domain that together hold the gang when empty, and how many
+    GPUs on them are still in use (what must drain). None if the domain can never hold it."""
+    cl = cap.cluster
+    used = {i: cl.nodes[i].gpus - cap.free_gpus(i) for i in nodes}
+    picked: list[int] = []
+    slots = busy = 0
+    for i in sorted(nodes, key=lambda i: (used[i], i)):
+        s = _slots_when_empty(cap, i, job)
+        if s == 0:
+            continue
+        picked.append(i)
         slots += s
-    return slots >= job.replicas
+        busy += used[i]
+        if slots >= job.replicas:
+            return busy, tuple(sorted(picked))
+    return None
 
 
 def choose_reservation(cap: Capacity, job: Job, now: float, taken: set[int]) -> Reservation | None:
-    """The emptiest domain at the smallest level that could hold `job`, avoiding `taken` nodes."""
+    """The nodes that will drain soonest, in the smallest domain level that can hold `job`.
+
+    Only as many nodes as the gang needs are held, not the whole domain: a 16-node gang must
+    not idle a 32-node block while it waits.
+    """
     cl = cap.cluster
     limit = cl.rank[max_level(job)]
+    if job.replicas == 1:
+        limit = min(limit, cl.rank[NODE])
     for level in cl.order[: limit + 1]:
         if level in (GPU_GROUP, NODE):
             domains = {cl.nodes[i].name: (i,) for i in range(len(cl.nodes))}
@@ -46,11 +67,15 @@ def choose_reservation(cap: Capacity, job: Job, now: float, taken: set[int]) -> 
             domains = dict(cl.domains[level])
         best: tuple[int, str, tuple[int, ...]] | None = None
         for dom, nodes in domains.items():
-            if taken.intersection(nodes) or not _holds_when_empty(cap, nodes, job, level):
+            free_nodes = tuple(i for i in nodes if i not in taken)
+            if level == GPU_GROUP and not any(
+                m.bit_count() >= max(job.whole_gpus, 1) * job.replicas
+                for m in cl.nodes[nodes[0]].groups
+            ):
                 continue
-            used = sum(cl.nodes[i].gpus - cap.free_gpus(i) for i in nodes)
-            if best is None or (used, dom) < best[:2]:
-                best = (used, dom, nodes)
+            drain = _drain_set(cap, free_nodes, job)
+            if drain is not None and (best is None or (drain[0], dom) < best[:2]):
+                best = (drain[0], dom, drain[1])
         if best is not None:
             return Reservation(job.id, level, best[1], best[2], now)
     return None

@@ -1,0 +1,358 @@
+"""Replay a simulator event log and check the engine's invariants at every instant.
+
+The audit rebuilds GPU, CPU, memory and quota usage from the events and the trace alone, so a
+bug in `Capacity` or `QuotaLedger` shows up here instead of being trusted. `Violation.rule`:
+`over_allocation` (a GPU, share, CPU or memory given twice), `gang` (an admit that is not the
+whole gang), `topology` (a wrong or too wide level), `quota` (a team above nominal + borrowing,
+or the cohort lending more than its teams lend), `preemption`, `duration` (a run that did not
+last duration x slowdown), `liveness` (a job neither rejected nor finished at the end) and
+`lifecycle` (an event that does not fit the job's state, or time going back).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduling.cluster import CLUSTER, GPU_GROUP, NODE, Cluster
+from scheduling.policy import Policy
+from scheduling.quota import Team
+from scheduling.resources import GPU_UNIT, ZERO, Resources
+from scheduling.simulator.trace import TraceJob
+
+__all__ = ["Violation", "audit", "audit_or_raise", "true_level"]
+
+Rep = tuple[int, tuple[int, ...], int]  # node index, GPU indices, share in milli-GPUs (0: whole)
+_RELEASES, _TAKES = ("evict", "preempt"), ("hold", "admit")
+_CYCLE = _RELEASES + _TAKES
+# The state each event needs its job in; "" for admit and hold, which place() checks.
+_WANT = {"reject": "pending", "evict": "held", "finish": "running", "preempt": "running"}
+_WANT.update(hold="", admit="")
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    t: float
+    job: str
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"t={self.t:g} job {self.job}: [{self.rule}] {self.message}"
+
+
+def audit(
+    events: Iterable[dict[str, Any]],
+    cluster: Cluster,
+    teams: Mapping[str, Team],
+    policy: Policy,
+    jobs: Mapping[str, TraceJob],
+    *,
+    checkpoint_s: float | None = None,
+) -> list[Violation]:
+    """Every broken invariant of the log, in log order; empty when the log is sound.
+
+    With `checkpoint_s` (as given to `simulate`), a run may be shorter than duration x slowdown.
+    """
+    a = _Auditor(cluster, teams, policy, jobs, checkpoint_s)
+    for ev in events:
+        a.event(ev)
+    a.close_cycle()
+    for job_id, state in a.state.items():
+        if state not in ("rejected", "finished"):
+            a.flag(job_id, "liveness", f"still {state} at the end of the log")
+    return a.out
+
+
+def audit_or_raise(
+    events: Iterable[dict[str, Any]],
+    cluster: Cluster,
+    teams: Mapping[str, Team],
+    policy: Policy,
+    jobs: Mapping[str, TraceJob],
+    *,
+    checkpoint_s: float | None = None,
+) -> None:
+    """Raise AssertionError listing the violations (the first 50) if there is any."""
+    found = audit(events, cluster, teams, policy, jobs, checkpoint_s=checkpoint_s)
+    if found:
+        shown = "\n  ".join(str(v) for v in found[:50])
+        more = f"\n  ... and {len(found) - 50} more" if len(found) > 50 else ""
+        raise AssertionError(f"{len(found)} violation(s), policy {policy.name}:\n  {shown}{more}")
+
+
+def true_level(cluster: Cluster, reps: Iterable[Rep]) -> str:
+    """The smallest topology level whose one domain holds every replica."""
+    reps = list(reps)
+    nodes = {n for n, _, _ in reps}
+    if len(nodes) == 1:
+        mask = sum({1 << g for _, gpus, _ in reps for g in gpus})
+        groups = cluster.nodes[next(iter(nodes))].groups
+        return GPU_GROUP if any(mask & m == mask for m in groups) else NODE
+    for level in reversed(cluster.levels):  # innermost first
+        if len({cluster.domain_of[level][n] for n in nodes}) == 1:
+            return level
+    return CLUSTER
+
+
+class _Auditor:
+    def __init__(
+        self,
+        cluster: Cluster,
+        teams: Mapping[str, Team],
+        policy: Policy,
+        jobs: Mapping[str, TraceJob],
+        checkpoint_s: float | None,
+    ) -> None:
+        self.cluster, self.teams, self.policy, self.jobs = cluster, teams, policy, jobs
+        self.checkpoint_s = checkpoint_s
+        self.out: list[Violation] = []
+        self.t = -math.inf
+        self.whole: dict[tuple[int, int], list[str]] = {}  # GPU -> jobs holding it whole
+        self.shares: dict[tuple[int, int], dict[str, int]] = {}  # GPU -> job -> milli-GPUs
+        self.cpu = [0] * len(cluster.nodes)
+        self.mem = [0] * len(cluster.nodes)
+        self.alloc: dict[str, list[Rep]] = {}  # job -> the replicas it holds
+        self.state: dict[str, str] = {}  # job -> pending|running|held|rejected|finished
+        self.started: dict[str, tuple[float, float]] = {}  # job -> (last admit t, slowdown)
+        self.usage: dict[str, Resources] = dict.fromkeys(teams, ZERO)
+        self.ceiling = {n: t.nominal + t.borrowing_limit for n, t in teams.items()}
+        self.guaranteed = {n: (t.nominal - t.lending_limit).clamp_low() for n, t in teams.items()}
+        self.pool = sum((t.lending_limit for t in teams.values()), ZERO)
+        # The current cycle: team GPU usage before it, and its releases and takes in log order.
+        self.base: dict[str, int] | None = None
+        self.cycle: list[tuple[str, TraceJob, str, int]] = []  # (type, job, by, GPU delta)
+        self.taking = False
+
+    def flag(self, job: str, rule: str, message: str) -> None:
+        self.out.append(Violation(self.t, job, rule, message))
+
+    def event(self, ev: Mapping[str, Any]) -> None:
+        t, kind, job_id = float(ev["t"]), str(ev["type"]), str(ev["job"])
+        if t < self.t:
+            self.flag(job_id, "lifecycle", f"time goes back from {self.t:g} to {t:g}")
+        # A cycle's events come as releases (evict, preempt), then takes (hold, admit).
+        if t != self.t or kind not in _CYCLE or (self.taking and kind in _RELEASES):
+            self.close_cycle()
+        self.t = t
+        state, job = self.state.get(job_id), self.jobs.get(job_id)
+        if kind == "submit":
+            if state is not None:
+                self.flag(job_id, "lifecycle", "submitted twice")
+            self.state[job_id] = "pending"
+            return
+        if state is None or job is None:
+            self.flag(job_id, "lifecycle", f"{kind} of a job never submitted or not in the trace")
+            return
+        if kind not in _WANT:
+            self.flag(job_id, "lifecycle", f"unknown event type {kind!r}")
+            return
+        if _WANT[kind] and state != _WANT[kind]:
+            self.flag(job_id, "lifecycle", f"{kind} while {state}")
+            return
+        if kind == "reject":
+            self.state[job_id] = "rejected"
+            return
+        if kind in _CYCLE and self.base is None:
+            self.base = {team: u.gpu for team, u in self.usage.items()}
+        if kind in _TAKES:
+            delta = self.place(ev, job, state)
+        else:
+            if kind == "finish":
+                self.check_duration(job)
+            elif kind == "preempt":
+                self.check_preemption(job, str(ev.get("by")))
+            self.release(job, quota=True)
+            self.state[job_id] = "finished" if kind == "finish" else "pending"
+            delta = -_gpus(job)
+        if kind in _CYCLE:
+            self.cycle.append((kind, job, str(ev.get("by")), delta))
+            self.taking = kind in _TAKES
+
+    # -- admit, hold, release ----------------------------------------------------------------
+
+    def place(self, ev: Mapping[str, Any], job: TraceJob, state: str) -> int:
+        """Apply an admit or hold; returns what it adds to the team's GPU usage."""
+        jid, kind = job.job_id, ev["type"]
+        if state not in ("pending", "held") or (kind == "hold" and not self.policy.partial_gangs):
+            self.flag(jid, "lifecycle", f"{kind} while {state} under policy {self.policy.name}")
+            if state == "running":
+                return 0
+        reps = self.parse(job, ev.get("placement") or [], kind)
+        delta = 0
+        if state == "held":
+            self.release(job, quota=False)  # a held gang already holds its whole quota
+        else:
+            self.charge(job, 1)
+            delta = _gpus(job)
+        for rep in reps:
+            self.take(job, rep)
+        self.alloc[jid] = reps
+        self.state[jid] = "held" if kind == "hold" else "running"
+        if kind == "hold":
+            return delta
+        level, slowdown = str(ev.get("level")), float(ev.get("slowdown", math.nan))
+        self.started[jid] = (self.t, slowdown)
+        if not math.isclose(slowdown, self.cluster.slowdown_of(level), rel_tol=1e-9):
+            self.flag(jid, "duration", f"slowdown {slowdown:g} is not that of level {level}")
+        if len(reps) == job.replicas:
+            true, rank = true_level(self.cluster, reps), self.cluster.rank
+            if level != true:
+                self.flag(jid, "topology", f"level {level} but the placement spans a {true}")
+            limit = CLUSTER if job.topology == "any" else job.topology
+            if limit not in rank or rank[true] > rank[limit]:
+                self.flag(jid, "topology", f"spans a {true}; the job requires {job.topology}")
+        return delta
+
+    def parse(self, job: TraceJob, entries: list[dict[str, Any]], kind: str) -> list[Rep]:
+        """The placement's well-formed replicas; flags a gang that is not whole."""
+        jid, milli = job.job_id, round(job.gpus_per_replica * GPU_UNIT)
+        whole = milli // GPU_UNIT if milli >= GPU_UNIT else 0
+        n = len(entries)
+        if n != job.replicas if kind == "admit" else n > job.replicas:
+            self.flag(jid, "gang", f"{kind} of {n} replica(s); the job has {job.replicas}")
+        reps: list[Rep] = []
+        for i, e in enumerate(entries):
+            node = self.cluster.by_name.get(str(e.get("node")))
+            gpus = tuple(int(g) for g in e.get("gpus", ()))
+            share = round(float(e.get("share") or 0) * GPU_UNIT)
+            if node is None:
+                problem = f"no node {e.get('node')!r}"
+            elif any(not 0 <= g < node.gpus for g in gpus) or len(set(gpus)) != len(gpus):
+                problem = f"GPUs {list(gpus)} are not distinct GPUs of node {node.name}"
+            elif (len(gpus), share) != ((whole, 0) if whole else (1, milli)):
+                problem = f"{len(gpus)} GPU(s) at share {share}m; the job asks {milli}m"
+            else:
+                reps.append((node.index, gpus, share))
+                continue
+            self.flag(jid, "gang", f"replica {i}: {problem}")
+        return reps
+
+    def take(self, job: TraceJob, rep: Rep) -> None:
+        (i, gpus, share), jid = rep, job.job_id
+        node = self.cluster.nodes[i]
+        for g in gpus:
+            key = (i, g)
+            holders, shared = self.whole.get(key, []), self.shares.get(key, {})
+            if share:
+                shared[jid] = shared.get(jid, 0) + share
+                self.shares[key] = shared
+                total = sum(shared.values())
+                if holders or total > GPU_UNIT:
+                    what = f"held whole by {holders}" if holders else f"shared {total}m"
+                    self.flag(jid, "over_allocation", f"{node.name} GPU {g} {what}")
+            else:
+                if holders or shared:
+                    who = holders + sorted(shared)
+                    self.flag(jid, "over_allocation", f"{node.name} GPU {g} held by {who}")
+                self.whole.setdefault(key, []).append(jid)
+        r = Resources.of(0, job.cpus_per_replica, job.memory_gb_per_replica)
+        self.cpu[i] += r.cpu
+        self.mem[i] += r.mem
+        if self.cpu[i] > node.cpu or self.mem[i] > node.mem:
+            use = f"{self.cpu[i]}/{node.cpu} milli-CPUs, {self.mem[i]}/{node.mem} MiB"
+            self.flag(jid, "over_allocation", f"{node.name} uses {use}")
+
+    def release(self, job: TraceJob, *, quota: bool) -> None:
+        jid = job.job_id
+        r = Resources.of(0, job.cpus_per_replica, job.memory_gb_per_replica)
+        for i, gpus, share in self.alloc.pop(jid, []):
+            for g in gpus:
+                if not share:
+                    self.whole[(i, g)].remove(jid)
+                    continue
+                shared = self.shares[(i, g)]
+                shared[jid] -= share
+                if shared[jid] <= 0:
+                    del shared[jid]
+                if not shared:
+                    del self.shares[(i, g)]
+            self.cpu[i] -= r.cpu
+            self.mem[i] -= r.mem
+        if quota:
+            self.charge(job, -1)
+
+    # -- rules ------------------------------------------------------------------------------
+
+    def charge(self, job: TraceJob, sign: int) -> None:
+        """Add (sign 1) or take back (-1) the whole gang's request from its team's usage."""
+        team = job.team
+        if team not in self.usage:
+            self.flag(job.job_id, "quota", f"team {team!r} is not a known team")
+            return
+        r = Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
+        self.usage[team] = self.usage[team] + r * (sign * job.replicas)
+        if sign < 0 or not self.policy.quotas:
+            return
+        over = self.usage[team].first_excess(self.ceiling[team])
+        if over:
+            self.flag(job.job_id, "quota", f"team {team} is above nominal + borrowing in {over}")
+        borrowed = ZERO
+        for name, u in self.usage.items():
+            borrowed = borrowed + (u - self.guaranteed[name]).clamp_low()
+        over = borrowed.first_excess(self.pool)
+        if over:
+            self.flag(job.job_id, "quota", f"the cohort lends more {over} than its teams lend")
+
+    def check_duration(self, job: TraceJob) -> None:
+        start, slowdown = self.started.pop(job.job_id)
+        ran, want = self.t - start, job.duration * slowdown
+        if math.isclose(ran, want, rel_tol=1e-9, abs_tol=1e-6):
+            return
+        if self.checkpoint_s and 0 < ran < want:
+            return  # resumed from a checkpoint
+        self.flag(job.job_id, "duration", f"ran {ran:g}s since its last admit; want {want:g}s")
+
+    def check_preemption(self, victim: TraceJob, by: str) -> None:
+        """The rules about the victim alone; the quota rule waits for the end of the cycle."""
+        vid, pol = victim.job_id, self.policy
+        start, _ = self.started.pop(vid)
+        pre = self.jobs.get(by)
+        outranks = pre is None or pre.team != victim.team or pre.priority > victim.priority
+        why = {
+            f"policy {pol.name} does not preempt": not pol.preemption,
+            "the victim is not preemptible": not victim.preemptible,
+            f"it ran {self.t - start:g}s < min_runtime_s": self.t - start < pol.min_runtime_s,
+            f"preemptor {by!r} is not in the trace": pre is None,
+            "same team, and the preemptor's priority is not higher": not outranks,
+        }
+        for message, broken in why.items():
+            if broken:
+                self.flag(vid, "preemption", message)
+
+    def close_cycle(self) -> None:
+        """Replay the cycle in decision order, each preemptor's victims just before it: a
+        victim of another team must not leave its team below nominal GPUs. (The log lists a
+        cycle's preemptions before its admissions, hiding the order the engine decided in.)"""
+        base, cycle = self.base, self.cycle
+        self.base, self.cycle, self.taking = None, [], False
+        if base is None:
+            return
+        victims: dict[str, list[TraceJob]] = {}
+        for kind, job, by, delta in cycle:
+            if kind == "preempt":
+                victims.setdefault(by, []).append(job)
+            elif kind == "evict" and job.team in base:
+                base[job.team] += delta
+        for kind, job, _, delta in cycle:
+            if kind != "admit":
+                continue
+            mine = victims.pop(job.job_id, [])
+            for v in mine:
+                base[v.team] = base.get(v.team, 0) - _gpus(v)
+            for v in mine:
+                nominal = self.teams[v.team].nominal.gpu if v.team in self.teams else 0
+                if v.team != job.team and base[v.team] < nominal:
+                    left = base[v.team] / GPU_UNIT
+                    self.flag(v.job_id, "preemption", f"team {v.team} left with {left:g} GPUs")
+            base[job.team] = base.get(job.team, 0) + delta
+        for by, vs in victims.items():
+            for v in vs:
+                self.flag(v.job_id, "preemption", f"preemptor {by} was not admitted with it")
+
+
+def _gpus(job: TraceJob) -> int:
+    """The whole gang's GPUs, in milli-GPUs."""
+    return round(job.gpus_per_replica * GPU_UNIT) * job.replicas

@@ -1,0 +1,108 @@
+"""Preemption: reclaim borrowed quota or serve higher priority; whole gangs; never below nominal."""
+
+from __future__ import annotations
+
+from builders import World, admitted, cluster, job, policy, teams
+
+POL = policy("berth", min_runtime_s=100, preemption_delay_s=50)
+
+
+def borrowed_world() -> World:
+    """b (nominal 4) borrows all 8 GPUs of a 1-node cluster while a (nominal 4) is idle."""
+    w = World(cluster(nodes=1, gpus=8), teams(a=4, b=4), POL)
+    w.submit(job("b-own", "b", gpus=4), job("b-borrow", "b", gpus=4), at=0).cycle(0)
+    assert w.running() == {"b-own", "b-borrow"}
+    return w
+
+
+def test_lender_reclaims_borrowed_gpus_after_delay_and_min_runtime():
+    w = borrowed_world()
+    w.submit(job("a1", "a", gpus=4), at=10)
+    early = w.cycle(10)
+    assert admitted(early) == [] and early.preempted == []
+    assert early.next_wakeup == 60  # enqueued at 10 + the 50 s preemption delay
+    res = w.cycle(120)  # delay passed and b's jobs have run 120 s >= 100 s
+    # Equal loss (same priority and start): ties go by job id.
+    assert [(p.job_id, p.by) for p in res.preempted] == [("b-borrow", "a1")]
+    assert admitted(res) == ["a1"]
+    assert w.state.quota.usage["b"].gpu == 4000  # b is back at its nominal, not below
+    assert len(w.state.pending) == 1  # the victim is queued again
+
+
+def test_young_victims_are_spared_and_the_engine_says_when_to_look_again():
+    w = borrowed_world()
+    w.submit(job("a1", "a", gpus=4), at=0)
+    res = w.cycle(60)  # delay passed, but b's jobs have only run 60 s
+    assert res.preempted == []
+    assert res.next_wakeup == 100  # when they reach the minimum run time
+
+
+def test_never_takes_a_team_below_its_nominal():
+    # b holds 6 with one 6-GPU job (nominal 4): preempting it would leave b at 0 < 4.
+    w = World(cluster(nodes=1, gpus=8), teams(a=4, b=4), POL)
+    w.submit(job("b-big", "b", gpus=6), at=0).cycle(0)
+    w.submit(job("a1", "a", gpus=4), at=0)
+    res = w.cycle(500)
+    assert res.preempted == []
+    assert "a1" in w.state.pending
+
+
+def test_borrowing_team_cannot_reclaim():
+    w = borrowed_world()
+    w.submit(job("b3", "b", gpus=1), at=0)
+    assert w.cycle(500).preempted == []
+
+
+def test_whole_gangs_are_preempted():
+    w = World(cluster(nodes=2, gpus=4, groups=1), teams(a=4, b=4), POL)
+    w.submit(job("b-gang", "b", gpus=2, replicas=4), at=0).cycle(0)  # b borrows 4
+    w.submit(job("a1", "a", gpus=2), at=0)
+    res = w.cycle(500)
+    assert [p.job_id for p in res.preempted] == []  # taking the gang would leave b at 0 < 4
+    w2 = World(cluster(nodes=2, gpus=4, groups=1), teams(a=4, b=4), POL)
+    w2.submit(job("b-own", "b", gpus=4), job("b-gang", "b", gpus=1, replicas=4), at=0).cycle(0)
+    w2.submit(job("a1", "a", gpus=2), at=0)
+    res = w2.cycle(500)
+    assert [p.job_id for p in res.preempted] == ["b-gang"]
+    assert "b-gang" not in w2.state.running  # all four replicas released together
+    assert w2.state.capacity.total_free_gpus() == 2
+
+
+def test_higher_priority_preempts_lower_priority_of_its_own_team_only():
+    w = World(cluster(nodes=1, gpus=4, groups=1), teams(a=2, b=2), POL)
+    w.submit(job("a-low", "a", gpus=2, priority=0), job("b-low", "b", gpus=2), at=0).cycle(0)
+    w.submit(job("a-high", "a", gpus=2, priority=5), at=0)
+    res = w.cycle(500)
+    assert [(p.job_id, p.by) for p in res.preempted] == [("a-low", "a-high")]
+    w.submit(job("b-high", "b", gpus=4, priority=9), at=500)
+    res = w.cycle(1000)
+    assert res.preempted == []  # b-high may not take a's GPUs: a is not borrowing
+
+
+def test_non_preemptible_jobs_are_never_victims():
+    w = World(cluster(nodes=1, gpus=4, groups=1), teams(a=4), POL)
+    w.submit(job("pinned", "a", gpus=4, preemptible=False), at=0).cycle(0)
+    w.submit(job("urgent", "a", gpus=4, priority=10), at=0)
+    assert w.cycle(1000).preempted == []
+
+
+def test_a_job_is_preempted_at_most_max_preemptions_times():
+    w = World(
+        cluster(nodes=1, gpus=4, groups=1),
+        teams(a=4),
+        policy("berth", min_runtime_s=0, preemption_delay_s=0, max_preemptions=1),
+    )
+    w.submit(job("low", "a", gpus=4), at=0).cycle(0)
+    w.submit(job("mid", "a", gpus=4, priority=1), at=1)
+    assert [p.job_id for p in w.cycle(1).preempted] == ["low"]
+    w.finish("mid")
+    assert admitted(w.cycle(2)) == ["low"]
+    w.submit(job("high", "a", gpus=4, priority=2), at=3)
+    assert w.cycle(3).preempted == []  # low was preempted once already
+
+
+def test_preemption_off_means_none():
+    w = World(cluster(nodes=1, gpus=8), teams(a=4, b=4), policy("berth-no-preemption"))
+    w.submit(job("b1", "b", gpus=8), at=0).cycle(0)
+    w.submit(job("a1", "a", gpus=4), at=0)
+    assert w.cycle(10_000).preempted == []

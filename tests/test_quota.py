@@ -1,0 +1,123 @@
+"""Quotas: nominal, borrowing and lending in one cohort; rejection of what can never run."""
+
+from __future__ import annotations
+
+import pytest
+from builders import World, admitted, cluster, job, teams
+
+from scheduling.admission import check_job
+from scheduling.config import ConfigError, parse_cluster, parse_teams
+from scheduling.decisions import Reason
+from scheduling.quota import QuotaLedger
+from scheduling.resources import Resources
+
+
+def test_team_borrows_idle_quota_up_to_its_borrowing_limit():
+    w = World(cluster(nodes=2, gpus=8), teams(a={"nominal": 4, "borrowing_limit": 4}, b=12))
+    w.submit(*[job(f"a{i}", "a", gpus=2) for i in range(5)])
+    res = w.cycle()
+    assert len(admitted(res)) == 4  # 8 GPUs = nominal 4 + borrowing limit 4
+    reason = res.reason_for(w.state.pending["a4"].job)
+    assert reason.code == Reason.QUOTA and reason.resource == "gpus"
+    assert "borrowing_limit" in reason.message
+
+
+def test_lending_limit_caps_what_others_may_borrow():
+    w = World(cluster(nodes=2, gpus=8), teams(a=4, b={"nominal": 12, "lending_limit": 2}))
+    w.submit(*[job(f"a{i}", "a", gpus=1) for i in range(10)])
+    w.cycle()
+    assert len(w.running()) == 6  # own 4 + the 2 that b lends (a lends all of its own)
+    assert w.state.quota.usage["a"].gpu == 6000
+
+
+def test_non_preemptible_job_may_not_borrow():
+    w = World(cluster(nodes=1, gpus=8), teams(a=2, b=6))
+    w.submit(
+        job("safe", "a", gpus=2, preemptible=False), job("more", "a", gpus=1, preemptible=False)
+    )
+    res = w.cycle()
+    assert admitted(res) == ["safe"]
+    reason = res.reason_for(w.state.pending["more"].job)
+    assert reason.code == Reason.QUOTA and "non-preemptible" in reason.message
+
+
+def test_ledger_pool_accounting_is_exact():
+    tm = teams(a={"nominal": 10, "lending_limit": 2}, b=10)
+    assert QuotaLedger(tm).pool_capacity.gpu == 12_000  # a lends 2, b lends all 10
+    q2 = QuotaLedger(tm)
+    q2.add("b", Resources.of(12))
+    assert q2.check("b", Resources.of(1)).limit == "cohort"
+    q2.add("a", Resources.of(8))  # a uses only its guaranteed part: pool untouched
+    assert q2.pool_used.gpu == 12_000
+    assert q2.check("a", Resources.of(1)).limit == "cohort"  # a's 9th GPU is lendable, lent
+    q2.remove("b", Resources.of(12))
+    assert q2.pool_used.gpu == 0 and q2.usage["b"].gpu == 0
+    assert q2.check("a", Resources.of(2)) is None
+
+
+@pytest.mark.parametrize(
+    ("j", "field", "words"),
+    [
+        (job("x", "nobody"), "team", "unknown team"),
+        (job("x", gpus=4, replicas=3, topology="node"), "replicas", "any one node"),
+        (job("x", gpus=9), "gpus_per_replica", "does not fit"),
+        (job("x", gpus=1, topology="rack"), "topology", "not a level"),
+        (job("x", gpus=2, replicas=8), "replicas", "may hold at most"),
+        (job("x", gpus=1.5), "gpus_per_replica", "whole number"),
+        (job("x", gpus=3, preemptible=False), "replicas", "may not borrow"),
+    ],
+)
+def test_jobs_that_can_never_run_are_rejected_naming_the_field(j, field, words):
+    cl = cluster(nodes=2, gpus=8)
+    tm = teams(a={"nominal": 2, "borrowing_limit": 10}, b=14)
+    rejection = check_job(j, cl, tm)
+    assert rejection is not None
+    assert rejection.field == field
+    assert words in rejection.message
+
+
+def test_feasible_job_is_not_rejected_even_if_it_must_wait():
+    cl = cluster(nodes=2, gpus=8)
+    assert check_job(job("x", gpus=8, replicas=2), cl, teams(a=16)) is None
+
+
+def test_config_errors_name_the_field_and_the_fix():
+    with pytest.raises(ConfigError) as e:
+        parse_cluster({"node_pools": [{"prefix": "n", "count": 0, "gpus": 8}]})
+    assert "node_pools.0.count" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_cluster({"node_pools": [{"prefix": "n", "count": 1, "gpus": 8, "gpu_groups": 3}]})
+    assert "gpu_groups" in str(e.value) and "divisor" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_cluster({"topology_levels": ["rack"], "nodes": [{"name": "x", "gpus": 1}]})
+    assert "labels" in str(e.value) and "rack" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_teams([{"name": "a", "nominal": {"gpus": 1}}, {"name": "a", "nominal": {}}])
+    assert "unique" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_teams([{"name": "a", "nominal": {"gpus": 1}, "lending_limit": {"gpus": 2}}])
+    assert "lending_limit" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        parse_teams([{"name": "a", "nominal": {"gpus": -1}}])
+    assert "nominal.gpus" in str(e.value)
+
+
+def test_explicit_nodes_with_labels_build_the_topology_tree():
+    cl = parse_cluster(
+        {
+            "topology_levels": ["block", "rack"],
+            "nodes": [
+                {
+                    "name": "a",
+                    "gpus": 4,
+                    "gpu_groups": [[0, 1], [2, 3]],
+                    "labels": {"block": "b1", "rack": "r1"},
+                },
+                {"name": "b", "gpus": 4, "labels": {"block": "b1", "rack": "r2"}},
+            ],
+        }
+    )
+    assert cl.order == ("gpu_group", "node", "rack", "block", "cluster")
+    assert cl.domains["rack"] == {"r1": (0,), "r2": (1,)}
+    assert cl.domains["block"] == {"b1": (0, 1)}
+    assert cl.nodes[0].groups == (0b0011, 0b1100)
