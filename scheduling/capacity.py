@@ -74,22 +74,25 @@ class Capacity:
     # -- indexes ----------------------------------------------------------------------------
 
     def _index(self, i: int, sign: int = 1) -> None:
+        # The hot path of every allocation: kept flat on purpose.
         if i in self.hidden:
             return
         free = self.free[i]
         count = free.bit_count()
+        gb = self.group_buckets
         if sign > 0:
             self.node_buckets[count].add(i)
-            for g, mask in enumerate(self.cluster.nodes[i].groups):
-                self.group_buckets[(free & mask).bit_count()][count].add((i, g))
+            for key, mask in self.cluster.group_keys[i]:
+                gb[(free & mask).bit_count()][count].add(key)
         else:
             self.node_buckets[count].discard(i)
-            for g, mask in enumerate(self.cluster.nodes[i].groups):
-                self.group_buckets[(free & mask).bit_count()][count].discard((i, g))
+            for key, mask in self.cluster.group_keys[i]:
+                gb[(free & mask).bit_count()][count].discard(key)
         if count:
-            dom_of = self.cluster.domain_of
-            for level, doms in self.domain_free.items():
-                doms[dom_of[level][i]] += sign * count
+            delta = count if sign > 0 else -count
+            domain_free = self.domain_free
+            for level, dom in self.cluster.node_domains[i]:
+                domain_free[level][dom] += delta
 
     def hide(self, nodes: Iterable[int]) -> None:
         for i in nodes:

@@ -87,6 +87,18 @@ class Cluster:
         return out
 
     @cached_property
+    def group_keys(self) -> tuple[tuple[tuple[tuple[int, int], int], ...], ...]:
+        """Per node: ((node, group), group mask) pairs, prebuilt for the capacity index."""
+        return tuple(tuple(((n.index, g), m) for g, m in enumerate(n.groups)) for n in self.nodes)
+
+    @cached_property
+    def node_domains(self) -> tuple[tuple[tuple[str, str], ...], ...]:
+        """Per node: (level, domain id) for every level above node, and the cluster."""
+        return tuple(
+            (*zip(self.levels, n.domains, strict=True), (CLUSTER, CLUSTER)) for n in self.nodes
+        )
+
+    @cached_property
     def total(self) -> Resources:
         return Resources(
             sum(n.gpus for n in self.nodes) * 1000,

@@ -41,15 +41,18 @@ class VictimPool:
     ) -> None:
         by_team: dict[str, list[Running]] = {}
         self.next_eligible: float | None = None  # when the next running job may be preempted
-        for r in snap.running.values():
+        now = snap.now
+        # Only jobs started inside the window [now - max_runtime, ...] can qualify.
+        for r in snap.running_by_start.irange_key(min_key=(now - max_runtime_s,)):
             if not r.job.preemptible or r.preemptions >= max_preemptions:
                 continue
-            if snap.now - r.start_time > max_runtime_s:
+            if now - r.start_time > max_runtime_s:
                 continue
-            if r.start_time + min_runtime_s <= snap.now:  # the same sum as the wake-up below
+            if r.start_time + min_runtime_s <= now:  # the same sum as the wake-up
                 by_team.setdefault(r.job.team, []).append(r)
-            elif self.next_eligible is None or r.start_time + min_runtime_s < self.next_eligible:
-                self.next_eligible = r.start_time + min_runtime_s
+            else:
+                self.next_eligible = r.start_time + min_runtime_s  # the earliest: sorted
+                break
         for runs in by_team.values():
             # Cheapest losses first: lower priority, then the most recently started.
             runs.sort(key=_loss)
@@ -64,7 +67,7 @@ def _loss(r: Running) -> tuple:
 def may_preempt(snap: Snapshot, quota: QuotaLedger, job: Job) -> bool:
     """Cheap test whether a preemption plan is worth searching for."""
     if _reclaims(quota, job):
-        return any(quota.borrowing(t) for t in quota.teams if t != job.team)
+        return quota.any_borrowing(job.team)
     priorities = snap.running_priorities.get(job.team)
     return bool(priorities) and min(priorities) < job.priority
 
@@ -185,8 +188,10 @@ def _plan_greedy(
             qq.remove(r.job.team, r.job.demand)
         return c, qq
 
-    if not allowed or not _fits(*without(len(allowed)), job):
-        return None  # even every allowed victim would not make room
+    if not allowed or q.check(job.team, job.demand, job.preemptible) is not None:
+        return None  # even with every allowed victim gone, its quota would not fit
+    if not _fits(*without(len(allowed)), job):
+        return None  # ... or there would be no room
     # More victims only free more, so "fits" is monotone in the prefix length: bisect it.
     lo, hi = 1, len(allowed)
     while lo < hi:

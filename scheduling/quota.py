@@ -131,6 +131,10 @@ class QuotaLedger:
     def remove(self, team: str, amount: Resources) -> None:
         self.add(team, Resources(-amount.gpu, -amount.cpu, -amount.mem))
 
+    def any_borrowing(self, besides: str) -> bool:
+        """True when some team other than `besides` uses more than its nominal."""
+        return any(self.borrowing(t) for t in self.teams if t != besides)
+
     def borrowing(self, team: str) -> bool:
         """True when the team uses more than its nominal of some resource."""
         return not self.usage[team].fits_in(self.teams[team].nominal)

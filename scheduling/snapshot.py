@@ -29,6 +29,7 @@ class Snapshot:
     quota: QuotaLedger
     running: Mapping[str, Running]
     running_priorities: Mapping[str, Counter]  # team -> Counter of its running jobs' priorities
+    running_by_start: SortedKeyList  # Running, by (start_time, job id)
     queues: Mapping[str, Mapping[tuple, SortedKeyList]]  # team -> Job.shape -> Pending, FIFO
     pending: Mapping[str, Pending]  # job id -> Pending
     holds: Mapping[str, Hold]

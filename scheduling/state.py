@@ -30,6 +30,10 @@ def _order(p: Pending) -> tuple:
     return p.order
 
 
+def _started(r: Running) -> tuple:
+    return (r.start_time, r.job.id)
+
+
 class EngineState:
     """Running jobs, queues, free capacity and quota usage, kept in step."""
 
@@ -41,6 +45,7 @@ class EngineState:
         self.quota = QuotaLedger(teams)
         self.running: dict[str, Running] = {}
         self.running_priorities: dict[str, Counter] = {t: Counter() for t in teams}
+        self.running_by_start = SortedKeyList(key=_started)  # for the preemption victim pool
         self.pending: dict[str, Pending] = {}
         # team -> class of identical jobs (Job.shape) -> its pending jobs in queue order
         self.queues: dict[str, dict[tuple, SortedKeyList]] = {t: {} for t in teams}
@@ -64,6 +69,7 @@ class EngineState:
         run = self.running.pop(job_id, None)
         if run is None:
             raise StateError(f"job {job_id} is not running")
+        self.running_by_start.remove(run)
         self._release(run.job, run.placement)
         self._origin.pop(job_id, None)
         self.preemptions.pop(job_id, None)
@@ -94,6 +100,7 @@ class EngineState:
             quota=self.quota,
             running=self.running,
             running_priorities=self.running_priorities,
+            running_by_start=self.running_by_start,
             queues=self.queues,
             pending=self.pending,
             holds=self.holds,
@@ -114,6 +121,7 @@ class EngineState:
             run = self.running.pop(pre.job_id, None)
             if run is None:
                 raise StateError(f"cannot preempt {pre.job_id}: it is not running")
+            self.running_by_start.remove(run)
             self._release(run.job, run.placement)
             self.preemptions[pre.job_id] = run.preemptions + 1
             self._enqueue(self._origin.pop(pre.job_id))
@@ -128,7 +136,9 @@ class EngineState:
                 self._origin[job.id] = self._dequeue(job.id)
                 self.capacity.take_placement(adm.placement, job.cpu, job.mem)
                 self.quota.add(job.team, job.demand)
-            self.running[job.id] = Running(job, adm.placement, now, self.preemptions.get(job.id, 0))
+            run = Running(job, adm.placement, now, self.preemptions.get(job.id, 0))
+            self.running[job.id] = run
+            self.running_by_start.add(run)
             self.running_priorities[job.team][job.priority] += 1
         self.reservations = dict(result.reservations)
 

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up (if needed), lint, and run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/pytest -q "$@"
