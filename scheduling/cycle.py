@@ -61,7 +61,7 @@ def schedule(snapshot: Snapshot, policy: Policy) -> CycleResult:
         cycle.nominate(pending, candidates)  # 5. nominate
         if cycle.stopped_by is not None:
             break
-    cycle.explain_rest(candidates)  # 6. explain
+    cycle.explain_rest()  # 6. explain
     return cycle.result
 
 
@@ -79,6 +79,8 @@ class _Cycle:
         self.no_room: dict[tuple, PendingReason] = {}
         self.no_plan: dict[tuple, int] = {}
         self.quota_held: set[str] = set()
+        self.preempt_tried: set[str] = set()
+        self.admitted_ids: set[str] = set()
         self.victim_pool: VictimPool | None = None
         self.victims: set[str] = set()
         self.total = snap.cluster.total
@@ -91,9 +93,9 @@ class _Cycle:
     def borrows(self, pending: Pending) -> bool:
         """Would admitting this job take its team above its nominal quota?"""
         job = pending.job
-        return not (self.quota.usage[job.team] + job.demand).fits_in(
-            self.quota.teams[job.team].nominal
-        )
+        u, d = self.quota.usage[job.team], job.demand
+        n = self.quota.teams[job.team].nominal
+        return u.gpu + d.gpu > n.gpu or u.cpu + d.cpu > n.cpu or u.mem + d.mem > n.mem
 
     # -- phase 2: partial gangs (the quota-spread baseline) ----------------------------------
 
@@ -104,6 +106,7 @@ class _Cycle:
                 self.cap.give_placement(hold.bound, job.cpu, job.mem)
                 self.quota.remove(job.team, job.demand)
                 self.result.evicted.append(Evict(job.id, "gang_timeout"))
+                self._wake(self.now + self.policy.requeue_backoff_s)  # its retry
                 continue
             new = place_replicas_partially(self.cap, job, job.replicas - len(hold.bound))
             bound = hold.bound + tuple(new)
@@ -118,15 +121,30 @@ class _Cycle:
     # -- phase 3: reservations -------------------------------------------------------------
 
     def hide_reservations(self) -> None:
-        for job_id, res in self.snap.reservations.items():
-            if job_id in self.snap.pending:
-                self.result.reservations[job_id] = res
-                self.cap.hide(res.nodes)
+        held = [
+            (job_id, res)
+            for job_id, res in self.snap.reservations.items()
+            if job_id in self.snap.pending
+        ]
+        for job_id, res in held:
+            self.result.reservations[job_id] = res
+            self.cap.hide(res.nodes)
+        # A holder goes first: it has starved long enough, and in queue order it may sit
+        # behind a job of its own class that fails (the hidden nodes are not for that one)
+        # and closes the class before the holder's turn.
+        for job_id, _ in held:
+            job = self.snap.pending[job_id].job
+            if self.quota.check(job.team, job.demand, job.preemptible) is None:
+                placement = self._place(job)
+                if placement is not None:
+                    self._admit(job, placement)
 
     # -- phase 5: nominate -----------------------------------------------------------------
 
     def nominate(self, pending: Pending, candidates: Candidates) -> None:
         job = pending.job
+        if job.id in self.admitted_ids:
+            return  # a reservation holder, admitted in phase 3
         if pending.not_before > self.now:
             self.result.pending[job.id] = PendingReason(
                 Reason.BACKOFF,
@@ -188,7 +206,9 @@ class _Cycle:
         return reason
 
     def _may_preempt(self, pending: Pending) -> bool:
-        if not self.policy.preemption or not may_preempt(self.snap, self.quota, pending.job):
+        if not self.policy.preemption or pending.job.team in self.preempt_tried:
+            return False
+        if not may_preempt(self.snap, self.quota, pending.job):
             return False
         # Waiting a little often beats killing work: turnover frees room without a restart.
         allowed_at = pending.enqueued + self.policy.preemption_delay_s
@@ -198,6 +218,9 @@ class _Cycle:
         return True
 
     def _plan_preemption(self, job: Job) -> PreemptionPlan | None:
+        # One search per team and cycle, for its first job that may preempt (Kueue, too,
+        # lets only each queue's head preempt in a cycle): the search is the costly part.
+        self.preempt_tried.add(job.team)
         # A failed plan for a job means no plan for a bigger one of the same team, priority and
         # topology in this cycle (victims only get fewer): skip those searches.
         key = (job.team, job.priority, job.topology, job.shared)
@@ -250,6 +273,7 @@ class _Cycle:
         return placement
 
     def _admit(self, job: Job, placement: Placement, preempts: tuple[str, ...] = ()) -> None:
+        self.admitted_ids.add(job.id)
         self.cap.take_placement(placement, job.cpu, job.mem)
         self.quota.add(job.team, job.demand)
         self.result.admitted.append(Admit(job, placement, preempts))
@@ -306,7 +330,7 @@ class _Cycle:
 
     # -- phase 6: explain ------------------------------------------------------------------
 
-    def explain_rest(self, candidates: Candidates) -> None:
+    def explain_rest(self) -> None:
         if self.stopped_by is not None:
             for team in self.snap.queues:
                 self.result.tail.setdefault(team, self.stopped_by)

@@ -66,8 +66,8 @@ def _loss(r: Running) -> tuple:
 
 def may_preempt(snap: Snapshot, quota: QuotaLedger, job: Job) -> bool:
     """Cheap test whether a preemption plan is worth searching for."""
-    if _reclaims(quota, job):
-        return quota.any_borrowing(job.team)
+    if _reclaims(quota, job) and quota.any_borrowing(job.team):
+        return True
     priorities = snap.running_priorities.get(job.team)
     return bool(priorities) and min(priorities) < job.priority
 
@@ -122,7 +122,7 @@ def _plan_on_one_node(
             continue  # freeing a share may not free a whole GPU; the greedy search handles it
         for n in {rep.node for rep in r.placement.replicas}:
             by_node.setdefault(n, []).append(r)
-    best: tuple[tuple, list[Running]] | None = None
+    options: list[tuple[tuple, list[Running]]] = []
     for node, victims in by_node.items():
         if not cap.usable(node):
             continue
@@ -156,16 +156,17 @@ def _plan_on_one_node(
             len(chosen),
             node,
         )
-        if best is None or cost < best[0]:
-            best = (cost, chosen)
-    if best is None:
-        return None
-    trial_cap = cap.clone()
-    for v in best[1]:
-        trial_cap.give_placement(v.placement, v.job.cpu, v.job.mem)
-    placement = place_gang(trial_cap, job)
-    assert placement is not None  # the chosen node has the room
-    return PreemptionPlan(placement, tuple(best[1]))
+        options.append((cost, chosen))
+    # Enough GPUs on the node is necessary, not sufficient (a gpu_group job needs them in one
+    # group): confirm with a real placement, cheapest option first.
+    for _, chosen in sorted(options, key=lambda o: o[0])[:8]:
+        trial_cap = cap.clone()
+        for v in chosen:
+            trial_cap.give_placement(v.placement, v.job.cpu, v.job.mem)
+        placement = place_gang(trial_cap, job)
+        if placement is not None:
+            return PreemptionPlan(placement, tuple(chosen))
+    return None
 
 
 def _plan_greedy(
@@ -190,6 +191,8 @@ def _plan_greedy(
 
     if not allowed or q.check(job.team, job.demand, job.preemptible) is not None:
         return None  # even with every allowed victim gone, its quota would not fit
+    if not job.shared and _slots_without(cap, allowed, job.whole_gpus) < job.replicas:
+        return None  # ... or not enough GPUs on enough nodes
     if not _fits(*without(len(allowed)), job):
         return None  # ... or there would be no room
     # More victims only free more, so "fits" is monotone in the prefix length: bisect it.
@@ -217,6 +220,19 @@ def _plan_greedy(
     placement = place_gang(trial_cap, job)
     assert placement is not None  # _fits just said so on this very capacity
     return PreemptionPlan(placement, tuple(chosen))
+
+
+def _slots_without(cap: Capacity, victims: list[Running], g: int) -> int:
+    """Replicas of g GPUs the cluster could take if all `victims` were gone (GPUs only)."""
+    freed: dict[int, int] = {}
+    for r in victims:
+        for rep in r.placement.replicas:
+            if not rep.share:
+                freed[rep.node] = freed.get(rep.node, 0) + len(rep.gpus)
+    slots = sum((cap.free_gpus(i) + n) // g for i, n in freed.items() if cap.usable(i))
+    for k in range(g, len(cap.node_buckets)):
+        slots += sum(k // g for i in cap.node_buckets[k] if i not in freed)
+    return slots
 
 
 def _fits(cap: Capacity, quota: QuotaLedger, job: Job) -> bool:

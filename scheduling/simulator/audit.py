@@ -117,6 +117,7 @@ class _Auditor:
         self.alloc: dict[str, list[Rep]] = {}  # job -> the replicas it holds
         self.state: dict[str, str] = {}  # job -> pending|running|held|rejected|finished
         self.started: dict[str, tuple[float, float]] = {}  # job -> (last admit t, slowdown)
+        self.preemptions: dict[str, int] = {}  # job -> times preempted
         self.usage: dict[str, Resources] = dict.fromkeys(teams, ZERO)
         self.ceiling = {n: t.nominal + t.borrowing_limit for n, t in teams.items()}
         self.guaranteed = {n: (t.nominal - t.lending_limit).clamp_low() for n, t in teams.items()}
@@ -211,7 +212,7 @@ class _Auditor:
         jid, milli = job.job_id, round(job.gpus_per_replica * GPU_UNIT)
         whole = milli // GPU_UNIT if milli >= GPU_UNIT else 0
         n = len(entries)
-        if n != job.replicas if kind == "admit" else n > job.replicas:
+        if (n != job.replicas) if kind == "admit" else (n > job.replicas):  # a hold: some
             self.flag(jid, "gang", f"{kind} of {n} replica(s); the job has {job.replicas}")
         reps: list[Rep] = []
         for i, e in enumerate(entries):
@@ -307,14 +308,17 @@ class _Auditor:
 
     def check_preemption(self, victim: TraceJob, by: str) -> None:
         """The rules about the victim alone; the quota rule waits for the end of the cycle."""
-        vid, pol = victim.job_id, self.policy
-        start, _ = self.started.pop(vid)
-        pre = self.jobs.get(by)
+        vid, pol, pre = victim.job_id, self.policy, self.jobs.get(by)
+        ran = self.t - self.started.pop(vid)[0]
+        longest = getattr(pol, "max_victim_runtime_s", math.inf)  # a newer knob
+        self.preemptions[vid] = times = self.preemptions.get(vid, 0) + 1
         outranks = pre is None or pre.team != victim.team or pre.priority > victim.priority
         why = {
             f"policy {pol.name} does not preempt": not pol.preemption,
             "the victim is not preemptible": not victim.preemptible,
-            f"it ran {self.t - start:g}s < min_runtime_s": self.t - start < pol.min_runtime_s,
+            f"it ran {ran:g}s < min_runtime_s": ran < pol.min_runtime_s - 1e-6,
+            f"it ran {ran:g}s > max_victim_runtime_s": ran > longest + 1e-6,
+            f"preempted {times} times > max_preemptions": times > pol.max_preemptions,
             f"preemptor {by!r} is not in the trace": pre is None,
             "same team, and the preemptor's priority is not higher": not outranks,
         }

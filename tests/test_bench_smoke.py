@@ -1,0 +1,116 @@
+"""The benchmarks run end to end on tiny sizes and write the JSON they promise (not timings)."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+PHILLY_DIRS = (
+    BENCH.parent.parent / "shared" / "traces" / "philly",  # CI: ../shared next to the repo
+    Path("/work/shared/traces/philly"),
+)
+
+
+def load(name: str) -> ModuleType:
+    """bench.<name>, with the repository root importable (bench/ is not installed)."""
+    root = str(BENCH.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return importlib.import_module(f"bench.{name}")
+
+
+def quiet() -> Console:
+    return Console(file=io.StringIO(), width=150)
+
+
+def assert_stats(s: dict[str, Any], keys: tuple[str, ...]) -> None:
+    assert set(keys) <= set(s)
+    assert all(isinstance(s[k], (int, float)) for k in keys)
+    assert s["min"] <= s["median"] <= s["max"]
+
+
+def test_cycle_bench_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "cycle.json"
+    report = load("cycle_bench").main(
+        ["--nodes", "50", "--pending", "200", "--runs", "3", "--warmup-runs", "1", "--out",
+         str(out)],
+        console=quiet(),
+    )  # fmt: skip
+    assert json.loads(out.read_text()) == report
+    assert report["benchmark"] == "cycle"
+    assert report["config"]["nodes"] == 50 and report["config"]["pending"] == 200
+    assert report["target"]["p99_ms"] == 20
+    assert {"python", "cpus", "reference_ms_before", "reference_ms_after"} <= set(report["machine"])
+    assert set(report["code"]) == {"commit", "scheduling_modified", "scheduling_sha256"}
+    pairs = [(r["policy"], r["scenario"]) for r in report["results"]]
+    assert pairs == [(p, s) for p in ("berth", "quota-spread", "fifo") for s in ("static", "apply")]
+    for r in report["results"]:
+        assert r["runs"] == 3
+        assert_stats(r["ms"], ("min", "median", "mean", "p90", "p99", "max"))
+        assert r["ms"]["median"] <= r["ms"]["p90"] <= r["ms"]["p99"] <= r["ms"]["max"]
+        assert_stats(r["examined"], ("min", "median", "max"))
+        assert r["examined"]["min"] >= 1
+        state = r["state"]
+        assert state["pending"] == 200  # the queue the scenario starts from
+        assert state["running"] > 0 and 0 < state["gpu_busy"] <= 1
+        assert 1 <= state["classes"] <= 200
+        assert set(r["gc"]) == {"ms_total", "ms_max", "cycles_with_full_collection"}
+        assert isinstance(r["meets_target"], bool)
+
+
+def test_cycle_bench_static_sees_the_same_state_every_run(tmp_path: Path) -> None:
+    report = load("cycle_bench").main(
+        ["--nodes", "20", "--pending", "50", "--runs", "3", "--policies", "berth",
+         "--scenarios", "static", "--mix", "philly", "--out", str(tmp_path / "c.json")],
+        console=quiet(),
+    )  # fmt: skip
+    (r,) = report["results"]
+    # Nothing is applied between runs, so every run examines exactly as many jobs.
+    assert r["examined"]["min"] == r["examined"]["max"]
+    assert r["admitted_per_cycle"]["min"] == r["admitted_per_cycle"]["max"]
+
+
+def test_cycle_bench_rejects_an_unknown_policy(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown policy"):
+        load("cycle_bench").main(["--policies", "nope", "--out", str(tmp_path / "c.json")])
+
+
+def test_philly_bench_first_300_jobs(tmp_path: Path) -> None:
+    trace_dir = next((d for d in PHILLY_DIRS if (d / "philly.csv").is_file()), None)
+    if trace_dir is None:
+        pytest.skip("the Philly trace is not here (../shared/traces/philly)")
+    out = tmp_path / "philly.json"
+    report = load("philly_bench").main(
+        ["--trace-dir", str(trace_dir), "--jobs", "300", "--runs", "1", "--out", str(out)],
+        console=quiet(),
+    )
+    assert json.loads(out.read_text()) == report
+    assert report["benchmark"] == "philly"
+    assert report["target"] == {
+        "median_wall_s": 60,
+        "cores": 2,
+        "jobs": 82_247,
+        "gpus": 512,
+        "policy": "berth",
+    }
+    assert report["config"]["jobs"] == 300 and report["config"]["trace_jobs"] == 82_247
+    assert report["machine"]["reference_ms_before"] > 0
+    assert report["import_s"] > 0 and report["load_s"] > 0
+    (r,) = report["results"]
+    assert r["policy"] == "berth" and r["jobs"] == 300
+    assert len(r["runs"]) == 1
+    run = r["runs"][0]
+    assert set(run) == {"wall_s", "cpu_s", "cycles", "events", "unfinished"}
+    assert run["cycles"] > 0 and run["unfinished"] == 0
+    assert run["events"] >= 2 * 300  # a submit and an outcome for every job
+    assert_stats(r["wall_s"], ("median", "min", "max"))
+    assert r["meets_target"] is None  # a part of the trace says nothing about the target
