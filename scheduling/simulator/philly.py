@@ -21,7 +21,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from scheduling.simulator.trace import TraceFormatError, TraceProblem
+from scheduling.simulator.trace import REQUIRED_COLUMNS, TraceFormatError, TraceProblem
 
 __all__ = [
     "PHILLY_COLUMNS",
@@ -33,17 +33,7 @@ __all__ = [
 ]
 
 PHILLY_COLUMNS: tuple[str, ...] = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
-_JOB_COLUMNS = (
-    "job_id",
-    "submit_time",
-    "team",
-    "replicas",
-    "gpus_per_replica",
-    "duration",
-    "priority",
-    "topology",
-    "preemptible",
-)
+_JOB_COLUMNS = (*REQUIRED_COLUMNS, "priority", "topology", "preemptible")
 _PROGRESS_EVERY = 8192
 _PLAIN_YAML = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
