@@ -32,6 +32,14 @@ def _empty(cluster: Cluster) -> Capacity:
     return Capacity(cluster)
 
 
+@lru_cache(maxsize=4096)  # jobs come in few shapes; placing each on an empty cluster is costly
+def _fits_when_empty(
+    cluster: Cluster, replicas: int, gpu: int, cpu: int, mem: int, topology: str
+) -> bool:
+    job = Job("", "", replicas, gpu, cpu, mem, topology=topology)
+    return place_gang(_empty(cluster), job) is not None
+
+
 def check_job(
     job: Job, cluster: Cluster, teams: Mapping[str, Team], *, quotas: bool = True
 ) -> Rejection | None:
@@ -62,7 +70,7 @@ def check_job(
         rejection = _check_quota(job, teams)
         if rejection:
             return rejection
-    if place_gang(_empty(cluster), job) is None:
+    if not _fits_when_empty(cluster, job.replicas, job.gpu, job.cpu, job.mem, job.topology):
         return Rejection(
             "infeasible",
             "replicas" if job.replicas > 1 else "gpus_per_replica",

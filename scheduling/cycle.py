@@ -16,8 +16,10 @@ and side effects belong to whoever applies the result (`state.EngineState.apply`
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from scheduling.capacity import gang_level
+from scheduling.cluster import CLUSTER
 from scheduling.decisions import (
     Admit,
     CycleResult,
@@ -93,9 +95,7 @@ class _Cycle:
     def borrows(self, pending: Pending) -> bool:
         """Would admitting this job take its team above its nominal quota?"""
         job = pending.job
-        u, d = self.quota.usage[job.team], job.demand
-        n = self.quota.teams[job.team].nominal
-        return u.gpu + d.gpu > n.gpu or u.cpu + d.cpu > n.cpu or u.mem + d.mem > n.mem
+        return not self.quota.fits_nominal_with(job.team, job.demand)
 
     # -- phase 2: partial gangs (the quota-spread baseline) ----------------------------------
 
@@ -132,8 +132,14 @@ class _Cycle:
         # A holder goes first: it has starved long enough, and in queue order it may sit
         # behind a job of its own class that fails (the hidden nodes are not for that one)
         # and closes the class before the holder's turn.
-        for job_id, _ in held:
+        for job_id, res in held:
             job = self.snap.pending[job_id].job
+            if not job.shared:
+                # Not enough free GPUs outside the other reservations: skip the placement
+                # attempt (and the unhiding and hiding it costs), which could only fail.
+                own = sum(self.cap.free_gpus(i) for i in res.nodes)
+                if self.cap.domain_free[CLUSTER][CLUSTER] + own < job.whole_gpus * job.replicas:
+                    continue
             if self.quota.check(job.team, job.demand, job.preemptible) is None:
                 placement = self._place(job)
                 if placement is not None:
@@ -168,7 +174,11 @@ class _Cycle:
         candidates.close_class(job.team, job.shape)
         starves_at = pending.enqueued + self.policy.starvation_s
         if starves_at > self.now:
-            self._wake(starves_at)  # the starvation guard will look at it again then
+            # The starvation guard will look at it again then; it has nothing to offer a job
+            # that waits for borrowed quota (see below), and a finish in its team, which may
+            # change that, runs a cycle anyway.
+            if reason.code != Reason.QUOTA or not self.borrows(pending):
+                self._wake(starves_at)
         elif (
             reason.code == Reason.QUOTA
             and job.id not in self.quota_held
@@ -243,8 +253,9 @@ class _Cycle:
         )
         if plan is None:
             self.no_plan[key] = min(job.demand.gpu, self.no_plan.get(key, 1 << 62))
-            if self.victim_pool.next_eligible is not None:
-                self._wake(self.victim_pool.next_eligible)  # more victims may be allowed then
+            eligible_at = self.victim_pool.next_eligible(self.quota, job)
+            if eligible_at is not None:
+                self._wake(eligible_at)  # more victims may be allowed then
         return plan
 
     def _place_or_explain(self, job: Job) -> PendingReason | None:
@@ -337,10 +348,14 @@ class _Cycle:
 
 
 def _no_placement(job: Job) -> PendingReason:
-    level = max_level(job)
-    if job.replicas == 1 and level not in ("gpu_group", "node"):
+    return _no_placement_reason(job.replicas, job.gpu, max_level(job))
+
+
+@lru_cache(maxsize=4096)  # a few shapes fail over and over; the reason is the same each time
+def _no_placement_reason(replicas: int, gpu: int, level: str) -> PendingReason:
+    if replicas == 1 and level not in ("gpu_group", "node"):
         level = "node"  # one replica never spans nodes: a node is what it lacks
-    what = f"{job.replicas} x {fmt_gpus(job.gpu)} GPU"
+    what = f"{replicas} x {fmt_gpus(gpu)} GPU"
     where = "the cluster" if level == "cluster" else f"any one {level}"
     return PendingReason(
         Reason.NO_PLACEMENT, f"no room for {what} in {where} right now", level=level
@@ -348,4 +363,9 @@ def _no_placement(job: Job) -> PendingReason:
 
 
 def _quota(job: Job, problem: QuotaProblem) -> PendingReason:
-    return PendingReason(Reason.QUOTA, problem.message(job.team), resource=problem.resource)
+    return _quota_reason(job.team, problem)
+
+
+@lru_cache(maxsize=4096)
+def _quota_reason(team: str, problem: QuotaProblem) -> PendingReason:
+    return PendingReason(Reason.QUOTA, problem.message(team), resource=problem.resource)

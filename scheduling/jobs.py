@@ -26,36 +26,23 @@ class Job:
     preemptible: bool = True
     submit_time: float = 0.0
     demand: Resources = field(init=False, repr=False, compare=False)  # the whole gang's request
+    # Jobs of one shape and team succeed or fail alike within a cycle (the class queues).
+    shape: tuple[int, int, int, int, int, str, bool] = field(init=False, repr=False, compare=False)
+    # GPUs per replica when exclusive; 0 for a shared (fractional) replica.
+    whole_gpus: int = field(init=False, repr=False, compare=False)
+    shared: bool = field(init=False, repr=False, compare=False)  # a fraction of one GPU
 
     def __post_init__(self) -> None:
         r = self.replicas
         object.__setattr__(self, "demand", Resources(self.gpu * r, self.cpu * r, self.mem * r))
+        shape = (self.priority, r, self.gpu, self.cpu, self.mem, self.topology, self.preemptible)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "whole_gpus", self.gpu // GPU_UNIT if self.gpu >= GPU_UNIT else 0)
+        object.__setattr__(self, "shared", 0 < self.gpu < GPU_UNIT)
 
     @property
     def per_replica(self) -> Resources:
         return Resources(self.gpu, self.cpu, self.mem)
-
-    @property
-    def whole_gpus(self) -> int:
-        """GPUs per replica when exclusive; 0 for a shared (fractional) replica."""
-        return self.gpu // GPU_UNIT if self.gpu >= GPU_UNIT else 0
-
-    @property
-    def shared(self) -> bool:
-        return 0 < self.gpu < GPU_UNIT
-
-    @property
-    def shape(self) -> tuple[int, int, int, int, int, str, bool]:
-        """Jobs of one shape and team succeed or fail alike within a cycle."""
-        return (
-            self.priority,
-            self.replicas,
-            self.gpu,
-            self.cpu,
-            self.mem,
-            self.topology,
-            self.preemptible,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +81,21 @@ class Running:
     placement: Placement
     start_time: float
     preemptions: int = 0  # how often this job was preempted before this run
+    # Whole GPUs it holds per node, and whether any replica has a share of a GPU: what a
+    # preemption search asks of every candidate victim, worked out once per run.
+    gpus_by_node: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
+    shares_gpu: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        per_node: dict[int, int] = {}
+        shares = False
+        for rep in self.placement.replicas:
+            if rep.share:
+                shares = True
+            else:
+                per_node[rep.node] = per_node.get(rep.node, 0) + len(rep.gpus)
+        object.__setattr__(self, "gpus_by_node", tuple(per_node.items()))
+        object.__setattr__(self, "shares_gpu", shares)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from scheduling.capacity import Capacity
 from scheduling.jobs import Job, Placement, Running
 from scheduling.placement import place_gang
-from scheduling.quota import QuotaLedger
+from scheduling.quota import QuotaLedger, Team
+from scheduling.resources import Resources
 from scheduling.snapshot import Snapshot
 
 
@@ -40,7 +41,10 @@ class VictimPool:
         max_runtime_s: float = float("inf"),
     ) -> None:
         by_team: dict[str, list[Running]] = {}
-        self.next_eligible: float | None = None  # when the next running job may be preempted
+        # Jobs that will pass their minimum run time later, in start order: when a search
+        # fails, the cycle wakes up as the first of these that it could use becomes eligible.
+        self.upcoming: list[Running] = []
+        self.min_runtime_s = min_runtime_s
         now = snap.now
         # Only jobs started inside the window [now - max_runtime, ...] can qualify.
         for r in snap.running_by_start.irange_key(min_key=(now - max_runtime_s,)):
@@ -51,13 +55,45 @@ class VictimPool:
             if r.start_time + min_runtime_s <= now:  # the same sum as the wake-up
                 by_team.setdefault(r.job.team, []).append(r)
             else:
-                self.next_eligible = r.start_time + min_runtime_s  # the earliest: sorted
-                break
-        for runs in by_team.values():
+                self.upcoming.append(r)
+        self.gpus: dict[str, int] = {}
+        # Per team, (priority, GPUs of its victims of lower priority): a cheap upper bound on
+        # what a priority preemption can free, before any list is built.
+        self.below: dict[str, list[tuple[int, int]]] = {}
+        for team, runs in by_team.items():
             # Cheapest losses first: lower priority, then the most recently started.
             runs.sort(key=_loss)
+            below, total, prio = [], 0, None
+            for r in runs:
+                if r.job.priority != prio:
+                    prio = r.job.priority
+                    below.append((prio, total))
+                total += r.job.demand.gpu
+            self.gpus[team] = total
+            self.below[team] = below
         self.by_team = by_team
-        self.gpus = {t: sum(r.job.demand.gpu for r in runs) for t, runs in by_team.items()}
+
+    def gpus_below(self, team: str, priority: int) -> int:
+        """GPUs of the team's victims with a priority lower than `priority`."""
+        out = 0
+        for prio, total in self.below.get(team, ()):
+            if prio >= priority:
+                return total
+            out = self.gpus[team]
+        return out
+
+    def next_eligible(self, quota: QuotaLedger, job: Job) -> float | None:
+        """When the first running job that `job` could preempt (as things stand) passes its
+        minimum run time: an own-team job of lower priority, or, when `job` reclaims, a job of
+        a team that borrows. None if there is none."""
+        reclaims = _reclaims(quota, job)
+        for r in self.upcoming:
+            v = r.job
+            if (v.team == job.team and v.priority < job.priority) or (
+                reclaims and v.team != job.team and quota.borrowing(v.team)
+            ):
+                return r.start_time + self.min_runtime_s
+        return None
 
 
 def _loss(r: Running) -> tuple:
@@ -73,8 +109,7 @@ def may_preempt(snap: Snapshot, quota: QuotaLedger, job: Job) -> bool:
 
 
 def _reclaims(quota: QuotaLedger, job: Job) -> bool:
-    team = quota.teams[job.team]
-    return (quota.usage[job.team] + job.demand).fits_in(team.nominal)
+    return quota.fits_nominal_with(job.team, job.demand)
 
 
 def plan_preemption(
@@ -87,22 +122,28 @@ def plan_preemption(
     max_candidates: int,
 ) -> PreemptionPlan | None:
     """Victims and the placement they make room for, or None. Does not change cap or quota."""
+    # First an upper bound on the GPUs the allowed victims hold (victims already taken in
+    # this cycle included): most searches end here, before any list is built.
+    reachable = pool.gpus_below(job.team, job.priority)
+    lenders = []
+    if _reclaims(quota, job):
+        for team in pool.by_team:
+            if team != job.team and quota.borrowing(team):
+                borrowed = quota.usage[team].gpu - quota.teams[team].nominal.gpu
+                reachable += min(pool.gpus[team], max(borrowed, 0))
+                lenders.append(team)
+    need = job.demand.gpu - cap.domain_free["cluster"]["cluster"] * 1000
+    if not job.shared and reachable < need:
+        return None  # even every allowed victim would not free enough GPUs
     candidates = [
         r
         for r in pool.by_team.get(job.team, ())
         if r.job.priority < job.priority and r.job.id not in excluded
     ]
-    reachable = sum(r.job.demand.gpu for r in candidates)
-    if _reclaims(quota, job):
-        for team, runs in pool.by_team.items():
-            if team != job.team and quota.borrowing(team):
-                t = quota.teams[team]
-                borrowed = quota.usage[team].gpu - t.nominal.gpu
-                reachable += min(pool.gpus[team], max(borrowed, 0))
-                candidates.extend(r for r in runs if r.job.id not in excluded)
-    need = job.demand.gpu - cap.domain_free["cluster"]["cluster"] * 1000
-    if not candidates or (not job.shared and reachable < need):
-        return None  # even every allowed victim would not free enough GPUs
+    for team in lenders:
+        candidates.extend(r for r in pool.by_team[team] if r.job.id not in excluded)
+    if not candidates:
+        return None
     candidates.sort(key=_loss)
     if job.replicas == 1 and not job.shared and place_gang(cap, job) is None:
         # Room on one node is what it lacks; the per-node search covers every such plan.
@@ -116,39 +157,41 @@ def _plan_on_one_node(
     """A single-replica job needs room on one node: for each node, the cheapest victims there
     that make room; then the node whose victims cost least (priority, GPUs, count)."""
     need = job.whole_gpus
-    by_node: dict[int, list[Running]] = {}
+    by_node: dict[int, list[tuple[Running, int]]] = {}
     for r in candidates:
-        if any(rep.share for rep in r.placement.replicas):
+        if r.shares_gpu:
             continue  # freeing a share may not free a whole GPU; the greedy search handles it
-        for n in {rep.node for rep in r.placement.replicas}:
-            by_node.setdefault(n, []).append(r)
+        for n, k in r.gpus_by_node:
+            entry = by_node.get(n)
+            if entry is None:
+                by_node[n] = [(r, k)]
+            else:
+                entry.append((r, k))
+    usage, nominal = quota.usage, quota.teams
     options: list[tuple[tuple, list[Running]]] = []
     for node, victims in by_node.items():
-        if not cap.usable(node):
-            continue
-        free, cpu, mem = cap.free_gpus(node), cap.free_cpu[node], cap.free_mem[node]
-        upper = free + sum(
-            len(rep.gpus) for v in victims for rep in v.placement.replicas if rep.node == node
-        )
-        if upper < need:
+        free = cap.free_gpus(node)
+        if free + sum(k for _, k in victims) < need or not cap.usable(node):
             continue  # even every victim here would not free enough
-        trial = quota.clone()
+        cpu, mem = cap.free_cpu[node], cap.free_mem[node]
+        released: dict[str, tuple[int, int, int]] = {}  # per victim team, what the plan frees
         chosen: list[Running] = []
-        for v in victims:
+        for v, k in victims:
             if free >= need and cpu >= job.cpu and mem >= job.mem:
                 break
-            if v.job.team != job.team and trial.below_nominal_after(v.job.team, v.job.demand):
-                continue
-            trial.remove(v.job.team, v.job.demand)
+            vj = v.job
+            d = vj.demand
+            rg, rc, rm = released.get(vj.team, (0, 0, 0))
+            if vj.team != job.team:
+                u = usage[vj.team]
+                if _below_nominal(u.gpu - rg, u.cpu - rc, u.mem - rm, d, nominal[vj.team]):
+                    continue
+            released[vj.team] = (rg + d.gpu, rc + d.cpu, rm + d.mem)
             chosen.append(v)
-            for rep in v.placement.replicas:
-                if rep.node == node:
-                    free += len(rep.gpus)
-                    cpu += v.job.cpu
-                    mem += v.job.mem
+            free += k
+            cpu += vj.cpu
+            mem += vj.mem
         if not chosen or free < need or cpu < job.cpu or mem < job.mem:
-            continue
-        if trial.check(job.team, job.demand, job.preemptible) is not None:
             continue
         cost = (
             max(v.job.priority for v in chosen),
@@ -157,9 +200,20 @@ def _plan_on_one_node(
             node,
         )
         options.append((cost, chosen))
-    # Enough GPUs on the node is necessary, not sufficient (a gpu_group job needs them in one
-    # group): confirm with a real placement, cheapest option first.
-    for _, chosen in sorted(options, key=lambda o: o[0])[:8]:
+    # Cheapest option first, the preemptor's quota with its victims gone (checked only for
+    # the options looked at: a cluster has thousands of nodes), then a real placement: enough
+    # GPUs on the node is necessary, not sufficient (a gpu_group job needs them in one group).
+    options.sort(key=lambda o: o[0])
+    confirmed = 0
+    for _, chosen in options:
+        trial = quota.clone()
+        for v in chosen:
+            trial.remove(v.job.team, v.job.demand)
+        if trial.check(job.team, job.demand, job.preemptible) is not None:
+            continue
+        confirmed += 1
+        if confirmed > 8:
+            break
         trial_cap = cap.clone()
         for v in chosen:
             trial_cap.give_placement(v.placement, v.job.cpu, v.job.mem)
@@ -167,6 +221,16 @@ def _plan_on_one_node(
         if placement is not None:
             return PreemptionPlan(placement, tuple(chosen))
     return None
+
+
+def _below_nominal(ug: int, uc: int, um: int, release: Resources, team: Team) -> bool:
+    """QuotaLedger.below_nominal_after, for a team whose usage is (ug, uc, um) in the plan."""
+    n = team.nominal
+    return (
+        (release.gpu > 0 and ug - release.gpu < n.gpu)
+        or (release.cpu > 0 and uc > n.cpu and uc - release.cpu < n.cpu)
+        or (release.mem > 0 and um > n.mem and um - release.mem < n.mem)
+    )
 
 
 def _plan_greedy(

@@ -68,17 +68,33 @@ def cohort_pool(teams: Mapping[str, Team]) -> Resources:
 
 
 class QuotaLedger:
-    """Usage per team and of the cohort's lending pool; cheap to clone for a cycle's scratch."""
+    """Usage per team and of the cohort's lending pool; cheap to clone for a cycle's scratch.
 
-    __slots__ = ("_ceiling", "_guaranteed", "pool_capacity", "pool_used", "teams", "usage")
+    The methods a cycle calls for every job (`check`, `add`) work on plain ints: they run
+    millions of times in a trace replay, and building Resources for each step doubled their
+    cost. `borrowers` is kept in step so that "is anyone borrowing?" costs nothing.
+    """
+
+    __slots__ = (
+        "_ceiling",
+        "_guaranteed",
+        "_nominal",
+        "borrowers",
+        "pool_capacity",
+        "pool_used",
+        "teams",
+        "usage",
+    )
 
     def __init__(self, teams: Mapping[str, Team]) -> None:
         self.teams = teams
         self.usage: dict[str, Resources] = {name: ZERO for name in teams}
         self._guaranteed = {name: t.guaranteed for name, t in teams.items()}
         self._ceiling = {name: t.ceiling for name, t in teams.items()}
+        self._nominal = {name: t.nominal for name, t in teams.items()}
         self.pool_capacity = cohort_pool(teams)
         self.pool_used = ZERO
+        self.borrowers: set[str] = set()  # teams using more than their nominal of something
 
     def clone(self) -> QuotaLedger:
         new = object.__new__(QuotaLedger)
@@ -86,58 +102,88 @@ class QuotaLedger:
         new.usage = dict(self.usage)
         new._guaranteed = self._guaranteed
         new._ceiling = self._ceiling
+        new._nominal = self._nominal
         new.pool_capacity = self.pool_capacity
         new.pool_used = self.pool_used
+        new.borrowers = set(self.borrowers)
         return new
-
-    def _pool_delta(self, team: str, before: Resources, after: Resources) -> tuple[int, int, int]:
-        """How the team's draw on the lending pool changes from `before` to `after` usage."""
-        g = self._guaranteed[team]
-        return (
-            max(after.gpu - g.gpu, 0) - max(before.gpu - g.gpu, 0),
-            max(after.cpu - g.cpu, 0) - max(before.cpu - g.cpu, 0),
-            max(after.mem - g.mem, 0) - max(before.mem - g.mem, 0),
-        )
 
     def check(self, team: str, request: Resources, preemptible: bool = True) -> QuotaProblem | None:
         """None when `request` fits the team's quota now, else the first limit it breaks."""
-        before = self.usage[team]
-        after = before + request
-        over = after.first_excess(self._ceiling[team])
-        if over:
-            return QuotaProblem(over, "borrowing_limit")
+        u = self.usage[team]
+        ag, ac, am = u.gpu + request.gpu, u.cpu + request.cpu, u.mem + request.mem
+        c = self._ceiling[team]
+        if ag > c.gpu:
+            return QuotaProblem("gpus", "borrowing_limit")
+        if ac > c.cpu:
+            return QuotaProblem("cpus", "borrowing_limit")
+        if am > c.mem:
+            return QuotaProblem("memory_gb", "borrowing_limit")
         if not preemptible:
-            over = after.first_excess(self.teams[team].nominal)
+            n = self._nominal[team]
+            over = (
+                "gpus"
+                if ag > n.gpu
+                else "cpus"
+                if ac > n.cpu
+                else "memory_gb"
+                if am > n.mem
+                else None
+            )
             if over:
                 return QuotaProblem(over, "nominal_non_preemptible")
-        dg, dc, dm = self._pool_delta(team, before, after)
-        used, cap = self.pool_used, self.pool_capacity
-        if used.gpu + dg > cap.gpu:
+        # The team's draw on the lending pool: what it uses beyond its guaranteed part.
+        g, used, cap = self._guaranteed[team], self.pool_used, self.pool_capacity
+        gg, gc, gm = g.gpu, g.cpu, g.mem
+        if ag > gg and used.gpu + (ag - gg) - (u.gpu - gg if u.gpu > gg else 0) > cap.gpu:
             return QuotaProblem("gpus", "cohort")
-        if used.cpu + dc > cap.cpu:
+        if ac > gc and used.cpu + (ac - gc) - (u.cpu - gc if u.cpu > gc else 0) > cap.cpu:
             return QuotaProblem("cpus", "cohort")
-        if used.mem + dm > cap.mem:
+        if am > gm and used.mem + (am - gm) - (u.mem - gm if u.mem > gm else 0) > cap.mem:
             return QuotaProblem("memory_gb", "cohort")
         return None
 
     def add(self, team: str, amount: Resources) -> None:
-        before = self.usage[team]
-        after = before + amount
-        self.usage[team] = after
-        dg, dc, dm = self._pool_delta(team, before, after)
-        u = self.pool_used
-        self.pool_used = Resources(u.gpu + dg, u.cpu + dc, u.mem + dm)
+        self._change(team, amount.gpu, amount.cpu, amount.mem)
 
     def remove(self, team: str, amount: Resources) -> None:
-        self.add(team, Resources(-amount.gpu, -amount.cpu, -amount.mem))
+        self._change(team, -amount.gpu, -amount.cpu, -amount.mem)
+
+    def _change(self, team: str, dg: int, dc: int, dm: int) -> None:
+        u = self.usage[team]
+        bg, bc, bm = u.gpu, u.cpu, u.mem
+        ag, ac, am = bg + dg, bc + dc, bm + dm
+        self.usage[team] = Resources(ag, ac, am)
+        g, p = self._guaranteed[team], self.pool_used
+        gg, gc, gm = g.gpu, g.cpu, g.mem
+        self.pool_used = Resources(
+            p.gpu + (ag - gg if ag > gg else 0) - (bg - gg if bg > gg else 0),
+            p.cpu + (ac - gc if ac > gc else 0) - (bc - gc if bc > gc else 0),
+            p.mem + (am - gm if am > gm else 0) - (bm - gm if bm > gm else 0),
+        )
+        n = self._nominal[team]
+        if ag > n.gpu or ac > n.cpu or am > n.mem:
+            self.borrowers.add(team)
+        else:
+            self.borrowers.discard(team)
 
     def any_borrowing(self, besides: str) -> bool:
         """True when some team other than `besides` uses more than its nominal."""
-        return any(self.borrowing(t) for t in self.teams if t != besides)
+        b = self.borrowers
+        return len(b) > (besides in b)
 
     def borrowing(self, team: str) -> bool:
         """True when the team uses more than its nominal of some resource."""
-        return not self.usage[team].fits_in(self.teams[team].nominal)
+        return team in self.borrowers
+
+    def fits_nominal_with(self, team: str, request: Resources) -> bool:
+        """True when the team's usage plus `request` stays within its nominal everywhere."""
+        u, n = self.usage[team], self._nominal[team]
+        return (
+            u.gpu + request.gpu <= n.gpu
+            and u.cpu + request.cpu <= n.cpu
+            and u.mem + request.mem <= n.mem
+        )
 
     def below_nominal_after(self, team: str, release: Resources) -> bool:
         """True when releasing `release` would take the team below its nominal somewhere.
@@ -146,13 +192,12 @@ class QuotaLedger:
         nominal in CPUs is not 'taken below' by losing more CPUs, but it may not lose borrowed
         GPUs below its GPU nominal.
         """
-        t = self.teams[team]
+        n = self._nominal[team]
         u = self.usage[team]
-        after = u - release
         return (
-            (release.gpu > 0 and after.gpu < t.nominal.gpu)
-            or (release.cpu > 0 and u.cpu > t.nominal.cpu and after.cpu < t.nominal.cpu)
-            or (release.mem > 0 and u.mem > t.nominal.mem and after.mem < t.nominal.mem)
+            (release.gpu > 0 and u.gpu - release.gpu < n.gpu)
+            or (release.cpu > 0 and u.cpu > n.cpu and u.cpu - release.cpu < n.cpu)
+            or (release.mem > 0 and u.mem > n.mem and u.mem - release.mem < n.mem)
         )
 
     def dominant_share(self, team: str, total: Resources) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -234,11 +233,8 @@ def test_largest_remainder_properties(weights: list[float], total: int) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not PHILLY.exists(), reason="Philly trace not available")
 def test_full_philly_trace(tmp_path: Path) -> None:
-    start = time.process_time()
     result = import_philly(PHILLY.parent, 1024, tmp_path, show_progress=False)
-    imported = time.process_time()
     jobs = load_trace(result.jobs_path)
-    loaded = time.process_time()
     assert (result.jobs, result.teams, result.gangs, result.clamped_durations) == (
         82_247,
         15,
@@ -253,5 +249,3 @@ def test_full_philly_trace(tmp_path: Path) -> None:
     assert sum(t["nominal"]["gpus"] for t in teams) == 1024
     assert {j.team for j in jobs} == {t["name"] for t in teams}
     assert max(j.replicas * j.gpus_per_replica for j in jobs) == 128
-    assert imported - start < 5.0, f"import took {imported - start:.2f} s of CPU"
-    assert loaded - imported < 2.0, f"load took {loaded - imported:.2f} s of CPU"

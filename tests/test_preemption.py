@@ -37,6 +37,22 @@ def test_young_victims_are_spared_and_the_engine_says_when_to_look_again():
     assert res.next_wakeup == 100  # when they reach the minimum run time
 
 
+def test_wakes_only_for_victims_it_could_take():
+    # c (nominal 8) runs a job within its nominal; b borrows with jobs started later. a's
+    # failed reclaim must wake up when b's jobs come of age, not c's (c does not borrow, so
+    # its job is no victim of a reclaim).
+    w = World(cluster(nodes=2, gpus=8), teams(a=4, b=4, c=8), POL)
+    w.submit(job("c1", "c", gpus=4), at=0).cycle(0)
+    w.submit(*[job(f"b{i}", "b", gpus=4) for i in range(3)], at=50).cycle(50)
+    assert w.running() == {"b0", "b1", "b2", "c1"}
+    w.submit(job("a1", "a", gpus=4), at=0)
+    res = w.cycle(95)  # a1's delay has passed; no job has run 100 s yet
+    assert res.preempted == []
+    assert res.next_wakeup == 150  # b's jobs come of age; c1's at 100 would not help a1
+    res = w.cycle(150)
+    assert [p.by for p in res.preempted] == ["a1"] and admitted(res) == ["a1"]
+
+
 def test_never_takes_a_team_below_its_nominal():
     # b holds 6 with one 6-GPU job (nominal 4): preempting it would leave b at 0 < 4.
     w = World(cluster(nodes=1, gpus=8), teams(a=4, b=4), POL)

