@@ -12,7 +12,7 @@ Resources a team's nominal does not mention are not limited by quota (only by th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scheduling.resources import UNLIMITED, ZERO, Resources
 
@@ -26,15 +26,16 @@ class Team:
     borrowing_limit: Resources
     lending_limit: Resources
     weight: float = 1.0
+    # Derived once (every submission asks): the part only this team may use, the most it
+    # may ever use (nominal + borrowing limit), and what it puts into the cohort's pool.
+    guaranteed: Resources = field(init=False, repr=False, compare=False)
+    ceiling: Resources = field(init=False, repr=False, compare=False)
+    lends: Resources = field(init=False, repr=False, compare=False)
 
-    @property
-    def guaranteed(self) -> Resources:
-        return (self.nominal - self.lending_limit).clamp_low()
-
-    @property
-    def ceiling(self) -> Resources:
-        """The most this team may ever use: nominal + borrowing limit."""
-        return _cap(self.nominal + self.borrowing_limit)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "guaranteed", (self.nominal - self.lending_limit).clamp_low())
+        object.__setattr__(self, "ceiling", _cap(self.nominal + self.borrowing_limit))
+        object.__setattr__(self, "lends", _cap(self.lending_limit))
 
 
 def _cap(r: Resources) -> Resources:
@@ -63,7 +64,7 @@ def cohort_pool(teams: Mapping[str, Team]) -> Resources:
     """What the teams lend to each other in all: the sum of their lending limits."""
     pool = ZERO
     for t in teams.values():
-        pool = pool + _cap(t.lending_limit)
+        pool = pool + t.lends
     return pool
 
 
