@@ -29,8 +29,10 @@ class Policy:
     max_preemptions: int = 1  # a job preempted this often is not preempted again
     max_victim_runtime_s: float = 3600.0  # a job that has run longer keeps running: the work a
     # preemption destroys (without checkpoints) is bounded by this
-    starvation_s: float = 1800.0  # blocked this long -> reserve a domain / strict team FIFO
-    max_reservations: int = 2
+    # Blocked this long -> reserve nodes for it / hold its quota (docs/decisions/0002; both
+    # values were chosen with the simulator on the Philly trace).
+    starvation_s: float = 4 * 3600.0
+    max_reservations: int = 1
     gang_timeout_s: float = 300.0  # partial gangs: Kueue's waitForPodsReady timeout
     requeue_backoff_s: float = 60.0  # after a gang timeout
     max_preemption_candidates: int = 64
