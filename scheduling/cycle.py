@@ -253,7 +253,7 @@ class _Cycle:
         )
         if plan is None:
             self.no_plan[key] = min(job.demand.gpu, self.no_plan.get(key, 1 << 62))
-            eligible_at = self.victim_pool.next_eligible(self.quota, job)
+            eligible_at = self.victim_pool.next_eligible(self.cap, self.quota, job.team)
             if eligible_at is not None:
                 self._wake(eligible_at)  # more victims may be allowed then
         return plan

@@ -85,6 +85,9 @@ class Running:
     # preemption search asks of every candidate victim, worked out once per run.
     gpus_by_node: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
     shares_gpu: bool = field(init=False, repr=False, compare=False)
+    # The order in which victims are chosen: cheapest losses first (lower priority, then the
+    # most recently started, then by id).
+    loss: tuple[int, float, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         per_node: dict[int, int] = {}
@@ -96,6 +99,7 @@ class Running:
                 per_node[rep.node] = per_node.get(rep.node, 0) + len(rep.gpus)
         object.__setattr__(self, "gpus_by_node", tuple(per_node.items()))
         object.__setattr__(self, "shares_gpu", shares)
+        object.__setattr__(self, "loss", (self.job.priority, -self.start_time, self.job.id))
 
 
 @dataclass(frozen=True, slots=True)

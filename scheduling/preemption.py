@@ -12,6 +12,8 @@ job is preempted that the preemptor does not need gone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
 
 from scheduling.capacity import Capacity
 from scheduling.jobs import Job, Placement, Running
@@ -45,6 +47,7 @@ class VictimPool:
         # fails, the cycle wakes up as the first of these that it could use becomes eligible.
         self.upcoming: list[Running] = []
         self.min_runtime_s = min_runtime_s
+        self._queues = snap.queues  # team -> classes of pending jobs (Job.shape)
         now = snap.now
         # Only jobs started inside the window [now - max_runtime, ...] can qualify.
         for r in snap.running_by_start.irange_key(min_key=(now - max_runtime_s,)):
@@ -62,7 +65,7 @@ class VictimPool:
         self.below: dict[str, list[tuple[int, int]]] = {}
         for team, runs in by_team.items():
             # Cheapest losses first: lower priority, then the most recently started.
-            runs.sort(key=_loss)
+            runs.sort(key=_LOSS)
             below, total, prio = [], 0, None
             for r in runs:
                 if r.job.priority != prio:
@@ -82,22 +85,74 @@ class VictimPool:
             out = self.gpus[team]
         return out
 
-    def next_eligible(self, quota: QuotaLedger, job: Job) -> float | None:
-        """When the first running job that `job` could preempt (as things stand) passes its
-        minimum run time: an own-team job of lower priority, or, when `job` reclaims, a job of
-        a team that borrows. None if there is none."""
-        reclaims = _reclaims(quota, job)
+    def next_eligible(self, cap: Capacity, quota: QuotaLedger, team: str) -> float | None:
+        """After a failed search for one of `team`'s jobs: when the first running job that
+        could help *any* of its pending jobs passes its minimum run time (a cycle searches
+        once per team, so the wake-up must serve them all). None if none could, as things
+        stand: a finish or an admission changes things, and runs a cycle anyway.
+
+        It could help if it is the team's own and of lower priority than one of its pending
+        jobs, or if it belongs to a borrowing team while one of its pending jobs would fit
+        within the team's nominal (reclaim). When no node has room for the team's smallest
+        whole-GPU replica, it must also bring its node to that many GPUs with the victims
+        already allowed, or it frees no slot for anyone."""
+        shapes = list(self._queues.get(team, ()))
+        if not shapes:
+            return None
+        top = max(shape[0] for shape in shapes)
+        reclaims = any(
+            quota.fits_nominal_with(team, Resources(r * g, r * c, r * m))
+            for _, r, g, c, m, _, _ in shapes
+        )
+        lenders = [t for t in quota.borrowers if t != team] if reclaims else []
+        per_node = None
+        smallest = min(shape[2] for shape in shapes) // 1000  # 0: some job shares a GPU
+        if smallest and not any(cap.node_buckets[smallest:]):
+            per_node = {}
+            own = [r for r in self.by_team.get(team, ()) if r.job.priority < top]
+            for r in chain(own, *(self.by_team.get(t, ()) for t in lenders)):
+                for n, k in r.gpus_by_node:
+                    per_node[n] = per_node.get(n, cap.free_gpus(n)) + k
         for r in self.upcoming:
             v = r.job
-            if (v.team == job.team and v.priority < job.priority) or (
-                reclaims and v.team != job.team and quota.borrowing(v.team)
-            ):
-                return r.start_time + self.min_runtime_s
+            if v.team == team:
+                if v.priority >= top:
+                    continue
+            elif v.team not in lenders:
+                continue
+            if per_node is not None and not r.shares_gpu:
+                useful = False
+                for n, k in r.gpus_by_node:
+                    per_node[n] = per_node.get(n, cap.free_gpus(n)) + k
+                    useful = useful or (per_node[n] >= smallest and cap.usable(n))
+                if not useful:
+                    continue
+            return r.start_time + self.min_runtime_s
         return None
 
 
-def _loss(r: Running) -> tuple:
-    return (r.job.priority, -r.start_time, r.job.id)
+def _reachable(
+    pool: VictimPool, quota: QuotaLedger, job: Job, reclaims: bool
+) -> tuple[int, list[str]]:
+    """An upper bound on the GPUs the allowed victims hold now, and the teams it may reclaim
+    from (victims already taken in this cycle included)."""
+    reachable = pool.gpus_below(job.team, job.priority)
+    lenders = []
+    if reclaims:
+        for team in pool.by_team:
+            if team != job.team and quota.borrowing(team):
+                borrowed = quota.usage[team].gpu - quota.teams[team].nominal.gpu
+                reachable += min(pool.gpus[team], max(borrowed, 0))
+                lenders.append(team)
+    return reachable, lenders
+
+
+def _need(cap: Capacity, job: Job) -> int:
+    """GPUs (milli) the job needs beyond what is free anywhere."""
+    return job.demand.gpu - cap.domain_free["cluster"]["cluster"] * 1000
+
+
+_LOSS = attrgetter("loss")  # Running.loss: cheapest losses first
 
 
 def may_preempt(snap: Snapshot, quota: QuotaLedger, job: Job) -> bool:
@@ -122,18 +177,10 @@ def plan_preemption(
     max_candidates: int,
 ) -> PreemptionPlan | None:
     """Victims and the placement they make room for, or None. Does not change cap or quota."""
-    # First an upper bound on the GPUs the allowed victims hold (victims already taken in
-    # this cycle included): most searches end here, before any list is built.
-    reachable = pool.gpus_below(job.team, job.priority)
-    lenders = []
-    if _reclaims(quota, job):
-        for team in pool.by_team:
-            if team != job.team and quota.borrowing(team):
-                borrowed = quota.usage[team].gpu - quota.teams[team].nominal.gpu
-                reachable += min(pool.gpus[team], max(borrowed, 0))
-                lenders.append(team)
-    need = job.demand.gpu - cap.domain_free["cluster"]["cluster"] * 1000
-    if not job.shared and reachable < need:
+    # First an upper bound on what the allowed victims could free: most searches end here,
+    # before any list is built.
+    reachable, lenders = _reachable(pool, quota, job, _reclaims(quota, job))
+    if not job.shared and reachable < _need(cap, job):
         return None  # even every allowed victim would not free enough GPUs
     candidates = [
         r
@@ -144,7 +191,7 @@ def plan_preemption(
         candidates.extend(r for r in pool.by_team[team] if r.job.id not in excluded)
     if not candidates:
         return None
-    candidates.sort(key=_loss)
+    candidates.sort(key=_LOSS)
     if job.replicas == 1 and not job.shared and place_gang(cap, job) is None:
         # Room on one node is what it lacks; the per-node search covers every such plan.
         return _plan_on_one_node(candidates, cap, quota, job)
@@ -223,6 +270,25 @@ def _plan_on_one_node(
     return None
 
 
+def _allowed(candidates: list[Running], quota: QuotaLedger, job: Job) -> list[Running]:
+    """The candidates in order, less each one that would take its team below nominal once
+    the allowed ones before it are gone (the preemptor's own team aside)."""
+    usage, teams = quota.usage, quota.teams
+    released: dict[str, tuple[int, int, int]] = {}
+    allowed = []
+    for r in candidates:
+        v = r.job
+        d = v.demand
+        rg, rc, rm = released.get(v.team, (0, 0, 0))
+        if v.team != job.team:
+            u = usage[v.team]
+            if _below_nominal(u.gpu - rg, u.cpu - rc, u.mem - rm, d, teams[v.team]):
+                continue
+        released[v.team] = (rg + d.gpu, rc + d.cpu, rm + d.mem)
+        allowed.append(r)
+    return allowed
+
+
 def _below_nominal(ug: int, uc: int, um: int, release: Resources, team: Team) -> bool:
     """QuotaLedger.below_nominal_after, for a team whose usage is (ug, uc, um) in the plan."""
     n = team.nominal
@@ -237,14 +303,10 @@ def _plan_greedy(
     candidates: list[Running], cap: Capacity, quota: QuotaLedger, job: Job
 ) -> PreemptionPlan | None:
     """The shortest prefix of the victims (in loss order) that makes room, then pruned."""
-    allowed: list[Running] = []
+    allowed = _allowed(candidates, quota, job)
     q = quota.clone()
-    for r in candidates:  # skip a victim whose team it would take below nominal
-        v = r.job
-        if v.team != job.team and q.below_nominal_after(v.team, v.demand):
-            continue
-        q.remove(v.team, v.demand)
-        allowed.append(r)
+    for r in allowed:
+        q.remove(r.job.team, r.job.demand)
 
     def without(k: int) -> tuple[Capacity, QuotaLedger]:
         c, qq = cap.clone(), quota.clone()

@@ -53,6 +53,20 @@ def test_wakes_only_for_victims_it_could_take():
     assert [p.by for p in res.preempted] == ["a1"] and admitted(res) == ["a1"]
 
 
+def test_wakes_when_a_node_can_be_emptied_not_at_each_victim():
+    # b borrows with four 2-GPU jobs, two per node, started at 0, 10 (node 0) and 20, 30
+    # (node 1). a1 needs a whole node: b0 coming of age alone frees no node, b1 does.
+    w = World(cluster(nodes=2, gpus=4, groups=1), teams(a=4, b=4), POL)
+    for i, t in enumerate((0, 10, 20, 30)):
+        w.submit(job(f"b{i}", "b", gpus=2), at=t).cycle(t)
+    assert {w.state.running[f"b{i}"].placement.nodes for i in range(4)} == {(0,), (1,)}
+    w.submit(job("a1", "a", gpus=4), at=0)
+    res = w.cycle(95)
+    assert res.preempted == [] and res.next_wakeup == 110  # not 100, when b0 comes of age
+    res = w.cycle(110)
+    assert sorted(p.job_id for p in res.preempted) == ["b0", "b1"] and admitted(res) == ["a1"]
+
+
 def test_never_takes_a_team_below_its_nominal():
     # b holds 6 with one 6-GPU job (nominal 4): preempting it would leave b at 0 < 4.
     w = World(cluster(nodes=1, gpus=8), teams(a=4, b=4), POL)
