@@ -1,0 +1,607 @@
+"""Job specs: what an ML engineer writes, each problem named with its field path and its fix.
+
+The property tests draw specs (derandomized, so every run sees the same examples): valid ones
+must parse and convert to exact engine units; a valid one with one field broken must be rejected
+with problems about that field only; an oversize one must be rejected by `check_spec` naming the
+field to change. The whole file runs in a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from typing import Any, get_args
+
+import pytest
+from builders import cluster, teams
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from scheduling.admission import check_job
+from scheduling.cluster import TOPOLOGY_CHOICES
+from scheduling.jobs import Job
+from scheduling.resources import Resources
+from scheduling.spec import JobSpec, SpecError, SpecProblem, check_spec, parse_spec
+from scheduling.spec_fields import RESERVED_ENV, Topology
+
+PROPERTY = settings(derandomize=True, deadline=None, database=None, max_examples=150)
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+DROP = object()  # a value for `spec()`: leave the field out
+INF, NAN = float("inf"), float("nan")
+
+
+def spec(**changes: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": "train-bert",
+        "team": "a",
+        "image": "ghcr.io/org/train:1.2",
+        "command": ["python", "train.py"],
+        "gpus_per_replica": 1,
+    }
+    data.update(changes)
+    return {k: v for k, v in data.items() if v is not DROP}
+
+
+def problems_of(data: Any) -> list[SpecProblem]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    return info.value.problems
+
+
+# --- valid specs -------------------------------------------------------------------------------
+
+
+def test_full_spec_parses_and_converts_to_engine_units():
+    s = parse_spec(
+        spec(
+            experiment="bert-sweeps",
+            image=f"ghcr.io/org/train:1.2@{DIGEST}",
+            command=["torchrun", "--nproc-per-node", "1", "train.py"],
+            replicas=4,
+            gpus_per_replica=0.25,
+            cpus_per_replica=8,
+            memory_gb_per_replica=32,
+            topology="node",
+            priority=10,
+            preemptible=False,
+            retries=3,
+            retry_backoff_s=10,
+            retry_backoff_max_s=60,
+            time_limit_s=86400,
+            inputs=["s3://data-bucket/bert/", "file:///mnt/shared/vocab.txt", "https://h.io/x.tar"],
+            artifacts=["outputs/model.pt", "./logs"],
+            env={"SEED": "42", "HF_HOME": "/cache"},
+        )
+    )
+    assert s.command == ("torchrun", "--nproc-per-node", "1", "train.py")
+    assert s.env == {"SEED": "42", "HF_HOME": "/cache"}
+    job = s.to_job("job-7", 5.0)
+    assert job == Job(
+        id="job-7",
+        team="a",
+        replicas=4,
+        gpu=250,
+        cpu=8000,
+        mem=32 * 1024,
+        priority=10,
+        topology="node",
+        preemptible=False,
+        submit_time=5.0,
+    )
+    assert job.shared and job.demand == Resources(1000, 32_000, 4 * 32 * 1024)
+
+
+def test_defaults_are_the_documented_ones():
+    s = parse_spec(spec())
+    assert (s.replicas, s.cpus_per_replica, s.memory_gb_per_replica) == (1, 1.0, 4.0)
+    assert (s.topology, s.priority, s.preemptible, s.experiment) == ("any", 0, True, None)
+    assert (s.retries, s.retry_backoff_s, s.retry_backoff_max_s, s.time_limit_s) == (
+        0,
+        30.0,
+        3600.0,
+        None,
+    )
+    assert s.inputs == () and s.artifacts == () and s.env == {} and s.environment is None
+    job = s.to_job("j", 0.0)
+    assert (job.gpu, job.cpu, job.mem, job.whole_gpus, job.shared) == (1000, 1000, 4096, 1, False)
+
+
+def test_environment_instead_of_an_image():
+    s = parse_spec(
+        spec(
+            image=DROP,
+            environment={"requirements": ["torch==2.3.1", "transformers[torch]>=4.40,<5"]},
+        )
+    )
+    assert s.image is None and s.environment is not None
+    assert s.environment.requirements == ("torch==2.3.1", "transformers[torch]>=4.40,<5")
+    assert s.environment.python is None
+
+
+def test_round_trips_through_dump_and_json():
+    s = parse_spec(spec(environment={"python": "3.11"}, image=DROP, inputs=["s3://bkt/k"]))
+    assert parse_spec(s.model_dump()) == s
+    assert parse_spec(json.loads(s.model_dump_json())) == s
+
+
+def test_spec_is_frozen():
+    s = parse_spec(spec())
+    with pytest.raises(ValidationError):
+        s.replicas = 2  # type: ignore[misc]
+    assert isinstance(s.command, tuple)
+
+
+def test_topology_choices_match_the_engine():
+    assert get_args(Topology) == TOPOLOGY_CHOICES
+
+
+def test_backoff_doubles_from_the_first_retry_and_is_capped():
+    s = parse_spec(spec(retries=5, retry_backoff_s=30, retry_backoff_max_s=100))
+    assert [s.backoff_s(a) for a in range(1, 6)] == [30, 60, 100, 100, 100]
+    assert s.backoff_s(5000) == 100  # 2**4999 would overflow a float
+    with pytest.raises(ValueError, match="from 1"):
+        s.backoff_s(0)
+
+
+# --- one rule, one problem: field path and a message that names the fix -------------------------
+
+RULES = [
+    # (changes, field, fragments of the message: what is wrong, then how to fix it)
+    ({"name": "Train_BERT"}, "name", ["lowercase", "'train-bert'"]),
+    ({"name": "bert-"}, "name", ["ending with a letter or digit", "e.g. 'bert'"]),
+    ({"name": "a" * 64}, "name", ["1-63", "e.g. '" + "a" * 63 + "'"]),
+    ({"name": DROP}, "name", ["is required", "'train-bert'"]),
+    ({"team": ""}, "team", ["must not be empty", "teams.yaml"]),
+    ({"team": " vision"}, "team", ["spaces", "write 'vision'"]),
+    ({"experiment": ""}, "experiment", ["must not be empty", "DAG id"]),
+    ({"image": "ghcr.io/Org/train"}, "image", ["lowercase", "'ghcr.io/org/train:1.2'"]),
+    ({"image": "docker://ghcr.io/o/t:1"}, "image", ["scheme", "write 'ghcr.io/o/t:1'"]),
+    ({"image": "ghcr.io/o/t@sha256:abc"}, "image", ["malformed digest", "64 lowercase hex"]),
+    ({"image": DROP}, "image", ["neither image nor environment", "give exactly one"]),
+    ({"environment": {}}, "image", ["both image and environment", "give exactly one"]),
+    (
+        {"image": DROP, "environment": {"requirements": ["numpy", "torch=2.1"]}},
+        "environment.requirements[1]",
+        ["'='", "write 'torch==2.1'"],
+    ),
+    (
+        {"image": DROP, "environment": {"requirements": ["-r requirements.txt"]}},
+        "environment.requirements[0]",
+        ["pip options", "list each package"],
+    ),
+    (
+        {"image": DROP, "environment": {"requirements": ["torch 2.1"]}},
+        "environment.requirements[0]",
+        ["not a pip requirement", "'torch==2.3.1'"],
+    ),
+    (
+        {"image": DROP, "environment": {"python": 3.1}},
+        "environment.python",
+        ["must be a string", "quote the version"],
+    ),
+    (
+        {"image": DROP, "environment": {"python": "2.7"}},
+        "environment.python",
+        ["Python 3", "'3.11'"],
+    ),
+    (
+        {"image": DROP, "environment": {"pip": ["torch"]}},
+        "environment.pip",
+        ["not a field of environment", "remove it"],
+    ),
+    ({"command": []}, "command", ["must not be empty", "['python', 'train.py'"]),
+    ({"command": "python train.py"}, "command", ["must be a list", "['python', 'train.py']"]),
+    ({"command": ["", "x"]}, "command[0]", ["must not be empty", "['python', 'train.py'"]),
+    (
+        {"command": ["python train.py", "--lr", "1"]},
+        "command[0]",
+        ["program alone", "['python', 'train.py', '--lr', '1']", "['bash', '-c'"],
+    ),
+    ({"command": ["python", 3]}, "command[1]", ["must be a string", "quote it: '3'"]),
+    ({"replicas": 0}, "replicas", ["at least 1, got 0", "e.g. 4"]),
+    ({"replicas": True}, "replicas", ["whole number, got True", "e.g. 4"]),
+    ({"replicas": 2.0}, "replicas", ["whole number", "write 2"]),
+    (
+        {"gpus_per_replica": 1.5},
+        "gpus_per_replica",
+        ["must be a whole number >= 1 or a fraction below 1 (e.g. 0.25), got 1.5", "1 or 2"],
+    ),
+    ({"gpus_per_replica": 0}, "gpus_per_replica", ["more than 0", "GPU jobs", "0.25"]),
+    ({"gpus_per_replica": 0.0001}, "gpus_per_replica", ["0.001 to 0.999", "e.g. 0.25"]),
+    ({"gpus_per_replica": INF}, "gpus_per_replica", ["finite", "0.25"]),
+    ({"gpus_per_replica": "1"}, "gpus_per_replica", ["must be a number", "without quotes"]),
+    ({"gpus_per_replica": DROP}, "gpus_per_replica", ["is required", "0.25"]),
+    ({"cpus_per_replica": 0}, "cpus_per_replica", ["more than 0, got 0", "e.g. 8"]),
+    ({"cpus_per_replica": 0.0001}, "cpus_per_replica", ["at least 0.001 CPU", "ask for more"]),
+    ({"memory_gb_per_replica": NAN}, "memory_gb_per_replica", ["finite", "e.g. 32"]),
+    ({"topology": "Node"}, "topology", ["must be one of", "did you mean 'node'"]),
+    ({"topology": "cluster"}, "topology", ["must be one of", "'any' lets Berth choose"]),
+    ({"priority": 5000}, "priority", ["at most 1000, got 5000", "-1000 to 1000"]),
+    ({"preemptible": "yes"}, "preemptible", ["true or false", "write true"]),
+    ({"retries": 21}, "retries", ["at most 20", "from 0 to 20"]),
+    ({"retry_backoff_s": -1}, "retry_backoff_s", ["more than 0", "e.g. 30"]),
+    (
+        {"retry_backoff_max_s": 10},
+        "retry_backoff_max_s",
+        ["at least retry_backoff_s (30), got 10", "raise retry_backoff_max_s or lower"],
+    ),
+    (
+        {"retry_backoff_s": 7200},
+        "retry_backoff_max_s",
+        ["at least retry_backoff_s (7200), got 3600", "raise retry_backoff_max_s or lower"],
+    ),
+    ({"retry_backoff_max_s": -1}, "retry_backoff_max_s", ["more than 0, got -1", "e.g. 3600"]),
+    ({"time_limit_s": 0}, "time_limit_s", ["more than 0", "leave it out"]),
+    (
+        {"inputs": ["s3://bkt/a", "https://h.io/b", "gs://bkt/c"]},
+        "inputs[2]",
+        ["scheme 'gs' is not supported", "s3://bucket/key"],
+    ),
+    ({"inputs": ["/data/x"]}, "inputs[0]", ["file scheme", "write 'file:///data/x'"]),
+    ({"inputs": ["http://h.io/x"]}, "inputs[0]", ["plain http", "use 'https://h.io/x'"]),
+    ({"inputs": ["file://data/x"]}, "inputs[0]", ["three slashes", "'file:///data/train'"]),
+    ({"inputs": ["s3://bkt"]}, "inputs[0]", ["key or prefix", "'s3://bkt/data/'"]),
+    ({"inputs": ["s3://My_Bucket/k"]}, "inputs[0]", ["s3://bucket/key", "3-63 lowercase"]),
+    ({"inputs": "s3://bkt/k"}, "inputs", ["must be a list", "s3://bucket/key"]),
+    ({"artifacts": ["/out/model.pt"]}, "artifacts[0]", ["relative", "'outputs/model.pt'"]),
+    ({"artifacts": ["a", "out/../../etc"]}, "artifacts[1]", ["'..'", "relative to"]),
+    ({"artifacts": ["s3://b/k"]}, "artifacts[0]", ["not a URI", "MLflow"]),
+    ({"env": {"RANK": "0"}}, "env.RANK", ["set by the platform", "remove it"]),
+    ({"env": {"1X": "a"}}, "env['1X']", ["not a valid variable name", "e.g. '_1X'"]),
+    ({"env": {"SEED": 42}}, "env.SEED", ["must be a string", "quote it: '42'"]),
+    ({"gpus": 2}, "gpus", ["not a field of a job spec", "did you mean 'gpus_per_replica'"]),
+]
+
+
+@pytest.mark.parametrize(("changes", "field", "fragments"), RULES, ids=[r[1] for r in RULES])
+def test_each_rule_names_the_field_and_the_fix(
+    changes: dict[str, Any], field: str, fragments: list[str]
+):
+    [problem] = problems_of(spec(**changes))
+    assert problem.field == field
+    for fragment in fragments:
+        assert fragment in problem.message
+    assert str(problem) == f"{field}: {problem.message}"
+
+
+@pytest.mark.parametrize("key", sorted(RESERVED_ENV))
+def test_every_reserved_variable_is_refused(key: str):
+    [problem] = problems_of(spec(env={"OK": "1", key: "x"}))
+    assert problem.field == f"env.{key}" and "set by the platform" in problem.message
+
+
+def test_a_spec_must_be_a_mapping():
+    [problem] = problems_of(["name", "x"])
+    assert problem.field == "" and str(problem).startswith("(spec): must be a mapping")
+
+
+def test_all_problems_are_reported_at_once_in_field_order():
+    with pytest.raises(SpecError) as info:
+        parse_spec(
+            spec(
+                name="Bad Name",
+                environment={"requirements": [""]},  # also: both image and environment
+                command=[],
+                gpus_per_replica=2.5,
+                priority="high",
+                inputs=["s3://bkt/k", "ftp://h/x"],
+                env={"WORLD_SIZE": "8"},
+                replica=3,
+            )
+        )
+    fields = [p.field for p in info.value.problems]
+    assert fields == [
+        "name",
+        "image",
+        "environment.requirements[0]",
+        "command",
+        "gpus_per_replica",
+        "priority",
+        "inputs[1]",
+        "env.WORLD_SIZE",
+        "replica",
+    ]
+    lines = str(info.value).splitlines()
+    assert [line.split(": ", 1)[0] for line in lines] == fields
+
+
+def test_cross_field_rules_are_checked_on_an_otherwise_valid_spec_too():
+    fields = [p.field for p in problems_of(spec(image=DROP, retry_backoff_max_s=1))]
+    assert fields == ["image", "retry_backoff_max_s"]
+
+
+def test_direct_construction_enforces_the_same_rules():
+    with pytest.raises(ValidationError, match="neither image nor environment"):
+        JobSpec(name="x", team="a", command=["p"], gpus_per_replica=1)  # type: ignore[arg-type]
+
+
+def test_spec_error_survives_pickling():
+    with pytest.raises(SpecError) as info:
+        parse_spec(spec(name="X", replicas=0))
+    again = pickle.loads(pickle.dumps(info.value))
+    assert again.problems == info.value.problems and str(again) == str(info.value)
+
+
+# --- against a cluster ---------------------------------------------------------------------------
+
+CLUSTER = cluster(nodes=2, gpus=8, groups=2, cpus=64, memory_gb=512)  # 2 nodes x 2 groups of 4
+TEAMS = teams(a={"nominal": 12, "borrowing_limit": 0}, b=4)  # a may hold 12 GPUs
+
+
+def test_check_spec_accepts_what_fits_and_names_the_field_of_what_never_will():
+    assert check_spec(parse_spec(spec(replicas=3, gpus_per_replica=4)), CLUSTER, TEAMS) is None
+    unknown = check_spec(parse_spec(spec(team="nlp")), CLUSTER, TEAMS)
+    assert unknown is not None and str(unknown) == "team: unknown team 'nlp'; known teams: a, b"
+    rack = check_spec(parse_spec(spec(topology="rack")), CLUSTER, TEAMS)
+    assert rack is not None and rack.problems[0].field == "topology"
+    assert "use one of: any, gpu_group, node" in rack.problems[0].message
+    quota = parse_spec(spec(replicas=4, gpus_per_replica=4))
+    over = check_spec(quota, CLUSTER, TEAMS)
+    assert over is not None and over.problems[0].field == "replicas"
+    assert "raise the team's quota" in str(over)
+    assert check_spec(quota, CLUSTER, TEAMS, quotas=False) is None
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+LOWER, DIGITS = "abcdefghijklmnopqrstuvwxyz", "0123456789"
+PATHS = st.lists(st.text(LOWER + DIGITS + "_", min_size=1, max_size=6), min_size=1, max_size=3)
+NAMES = st.builds(
+    lambda first, rest: first + rest.rstrip("-"),
+    st.sampled_from(LOWER),
+    st.text(LOWER + DIGITS + "-", max_size=20),
+)
+IMAGES = st.sampled_from(
+    [
+        "ghcr.io/org/train:1.2",
+        f"ghcr.io/org/train@{DIGEST}",
+        "nvcr.io/nvidia/pytorch:24.01-py3",
+        "localhost:5000/team/job",
+        "python:3.11-slim",
+        "ubuntu",
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/ml/bert_v2:latest",
+    ]
+)
+REQUIREMENTS = st.sampled_from(
+    [
+        "numpy",
+        "torch==2.3.1",
+        "transformers[torch]>=4.40,<5",
+        "scikit-learn~=1.4",
+        "mypkg @ https://h.io/mypkg-1.0-py3-none-any.whl",
+        "flash-attn>=2.5 ; platform_machine == 'x86_64'",
+    ]
+)
+ENVIRONMENTS = st.fixed_dictionaries(
+    {"requirements": st.lists(REQUIREMENTS, max_size=3)},
+    optional={"python": st.sampled_from(["3.10", "3.11", "3.12.4"])},
+)
+WORDS = st.text(st.characters(codec="utf-8"), max_size=8)
+COMMANDS = st.builds(
+    lambda p, rest: [p, *rest],
+    st.text(LOWER + "/._-", min_size=1, max_size=12),
+    st.lists(WORDS, max_size=4),
+)
+URIS = st.builds(
+    lambda scheme, host, path: f"{scheme}{host}/{'/'.join(path)}",
+    st.sampled_from(["s3://", "https://"]),
+    st.sampled_from(["data-bucket", "ml.example.com", "b01"]),
+    PATHS,
+) | PATHS.map(lambda path: "file:///" + "/".join(path))
+ARTIFACTS = PATHS.map("/".join)
+ENV_KEYS = st.builds(
+    lambda first, rest: first + rest,
+    st.sampled_from(LOWER.upper() + "_"),
+    st.text(LOWER.upper() + DIGITS + "_", max_size=10),
+).filter(lambda k: k not in RESERVED_ENV)
+# (spec value, milli-GPUs it must become): whole GPUs, or a share of one in thousandths
+GPUS = st.one_of(
+    st.integers(1, 16).map(lambda g: (g, g * 1000)),
+    st.integers(1, 999).map(lambda m: (m / 1000, m)),
+)
+POSITIVE = st.floats(0.001, 1e4, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def valid_specs(draw: st.DrawFn) -> tuple[dict[str, Any], int]:
+    """A valid spec (as a user writes it) and the milli-GPUs per replica it asks for."""
+    gpus, milli = draw(GPUS)
+    data: dict[str, Any] = {
+        "name": draw(NAMES),
+        "team": draw(st.sampled_from(["a", "b", "vision"])),
+        "command": draw(COMMANDS),
+        "gpus_per_replica": gpus,
+    }
+    if draw(st.booleans()):
+        data["image"] = draw(IMAGES)
+    else:
+        data["environment"] = draw(ENVIRONMENTS)
+    optional = {
+        "experiment": st.none() | st.sampled_from(["bert", "sweep 3/lr"]),
+        "replicas": st.integers(1, 64),
+        "cpus_per_replica": POSITIVE,
+        "memory_gb_per_replica": POSITIVE,
+        "topology": st.sampled_from(TOPOLOGY_CHOICES),
+        "priority": st.integers(-1000, 1000),
+        "preemptible": st.booleans(),
+        "retries": st.integers(0, 20),
+        "retry_backoff_s": st.floats(0.001, 3600),  # at most the default retry_backoff_max_s
+        "time_limit_s": st.none() | POSITIVE,
+        "inputs": st.lists(URIS, max_size=3),
+        "artifacts": st.lists(ARTIFACTS, max_size=3),
+        "env": st.dictionaries(ENV_KEYS, WORDS, max_size=3),
+    }
+    for key, values in optional.items():
+        if draw(st.booleans()):
+            data[key] = draw(values)
+    if draw(st.booleans()):
+        base = data.get("retry_backoff_s", 30.0)
+        data["retry_backoff_max_s"] = base * draw(st.floats(1, 100))
+    return data, milli
+
+
+WIDE = cluster(nodes=4, gpus=16, groups=4, cpus=1024, memory_gb=1e5, per_rack=2, racks_per_block=2)
+WIDE_TEAMS = teams(a=8, b=8)
+
+
+@PROPERTY
+@given(valid_specs())
+def test_valid_specs_parse_and_convert_to_exact_engine_units(drawn: tuple[dict[str, Any], int]):
+    data, milli = drawn
+    s = parse_spec(data)
+    job = s.to_job("j", 1.0)
+    replicas = data.get("replicas", 1)
+    cpu = round(data.get("cpus_per_replica", 1) * 1000)
+    mem = round(data.get("memory_gb_per_replica", 4) * 1024)
+    assert job.per_replica == Resources(milli, cpu, mem)
+    assert job.demand == Resources(replicas * milli, replicas * cpu, replicas * mem)
+    assert job.shared == (milli < 1000) and job.whole_gpus == milli // 1000
+    assert parse_spec(json.loads(s.model_dump_json())) == s
+    # What the spec lets through, admission never calls invalid (it may not fit, or the team
+    # may be unknown, but the request itself is well formed).
+    rejection = check_job(job, WIDE, WIDE_TEAMS)
+    assert rejection is None or rejection.reason != "invalid", rejection
+
+
+BAD_VALUES: dict[str, list[Any]] = {
+    "name": ["", "Train", "1abc", "a_b", "a" * 64, "abc-", "a b", 5, None, DROP],
+    "team": ["", "  ", " a", 7, None, ["a"], DROP],
+    "experiment": ["", " x", 3, ["x"]],
+    "image": [
+        "",
+        "Org/Train",
+        "ghcr.io/org/train:",
+        "train@sha256:abc",
+        "docker://ghcr.io/o/t",
+        "a b",
+        42,
+    ],
+    "command": [[], "python train.py", [""], ["  "], ["python train.py"], [1], None, DROP],
+    "replicas": [0, -1, 1.5, 2.0, True, "2", None],
+    "gpus_per_replica": [0, -1, 1.5, 0.0004, 0.9996, INF, NAN, True, "1", None, DROP],
+    "cpus_per_replica": [0, -1, 0.0004, INF, NAN, "2", True, None],
+    "memory_gb_per_replica": [0, -4, 0.0001, INF, NAN, "4Gi", None],
+    "topology": ["racks", "", "cluster", "Node", 1, None],
+    "priority": [1001, -1001, 1.5, "high", True, None],
+    "preemptible": ["yes", "true", 1, 0, None],
+    "retries": [-1, 21, 2.0, "3", True, None],
+    "retry_backoff_s": [0, -1, INF, NAN, "30s", None],
+    "retry_backoff_max_s": [0, -1, INF, NAN, "1h", None, "below retry_backoff_s"],
+    "time_limit_s": [0, -5, INF, NAN, "1h", True],
+    "inputs": ["s3://bkt/k", [None], {"a": "s3://bkt/k"}],
+    "artifacts": ["out", [3]],
+    "env": [["A=1"], {"SEED": 42}, {"SEED": None}],
+}
+BAD_ITEMS = {
+    "inputs": ["gs://b/k", "s3://bkt", "s3://Bkt/k", "/data/x", "data/x", "http://h/x", "", "x y"],
+    "artifacts": ["/abs", "../up", "a/../../b", "", "s3://b/k", "C:\\out", "~/out"],
+}
+BAD_ENVIRONMENTS = [
+    "torch",
+    {"requirements": "torch"},
+    {"requirements": ["torch 2"]},
+    {"requirements": ["-e ."]},
+    {"requirements": ["git+https://h/x"]},
+    {"python": 3.1},
+    {"python": "2.7"},
+    {"python": "three"},
+    {"pip": ["x"]},
+]
+
+
+@st.composite
+def broken_specs(draw: st.DrawFn) -> tuple[dict[str, Any], str]:
+    """A valid spec with one field broken, and the field path the problems must be under."""
+    data, _ = draw(valid_specs())
+    how = draw(st.sampled_from([*BAD_VALUES, *BAD_ITEMS, "env key", "environment", "unknown"]))
+    if how in BAD_ITEMS:  # one bad item among good ones: the path names its index
+        items = list(data.get(how, []))
+        at = draw(st.integers(0, len(items)))
+        items.insert(at, draw(st.sampled_from(BAD_ITEMS[how])))
+        data[how] = items
+        return data, f"{how}[{at}]"
+    if how == "env key":
+        key = draw(st.sampled_from([*sorted(RESERVED_ENV), "1X", "A-B", "", "a.b"]))
+        data["env"] = {**data.get("env", {}), key: "1"}
+        return data, "env"
+    if how == "environment":  # a broken environment instead of the image (or environment)
+        data.pop("image", None)
+        data["environment"] = draw(st.sampled_from(BAD_ENVIRONMENTS))
+        return data, "environment"
+    if how == "unknown":
+        key = draw(st.sampled_from(["gpus", "replica", "memory", "cmd", "Name", "timeout"]))
+        data[key] = 1
+        return data, key
+    if how == "image" and draw(st.booleans()):  # neither or both
+        if "image" in data:
+            data.pop("image")
+        else:
+            data["image"] = draw(IMAGES)
+        return data, "image"
+    bad = draw(st.sampled_from(BAD_VALUES[how]))
+    if bad == "below retry_backoff_s":
+        bad = data.get("retry_backoff_s", 30.0) / 2
+    if bad is DROP:
+        data.pop(how, None)
+    else:
+        data[how] = bad
+    return data, how
+
+
+@settings(PROPERTY, max_examples=400)
+@given(broken_specs())
+def test_a_broken_field_is_always_rejected_and_named(drawn: tuple[dict[str, Any], str]):
+    data, field = drawn
+    problems = problems_of(data)
+    assert problems
+    for p in problems:
+        assert p.field == field or p.field.startswith((f"{field}.", f"{field}[")), (field, p)
+        assert ";" in p.message  # what is wrong; how to fix it
+
+
+@st.composite
+def oversize_specs(draw: st.DrawFn) -> tuple[dict[str, Any], str, bool]:
+    """A spec that never fits CLUSTER/TEAMS, the field to change, and whether quotas apply."""
+    kind = draw(st.sampled_from(["team", "topology", "gpus", "quota", "gang", "cpus", "memory"]))
+    if kind == "team":
+        return spec(team=draw(st.sampled_from(["nlp", "A", "vision"]))), "team", True
+    if kind == "topology":
+        return spec(topology=draw(st.sampled_from(["rack", "block"]))), "topology", True
+    if kind == "gpus":  # more than a node has, within the quota
+        return spec(gpus_per_replica=draw(st.integers(9, 12))), "gpus_per_replica", False
+    if kind == "quota":  # fits the cluster, not team a's 12 GPUs
+        gpus = draw(st.integers(1, 4))
+        replicas = draw(st.integers(12 // gpus + 1, 16 // gpus))
+        return spec(replicas=replicas, gpus_per_replica=gpus), "replicas", True
+    if kind == "gang":  # more than the cluster's 16 GPUs
+        gpus = draw(st.integers(1, 8))
+        replicas = draw(st.integers(16 // gpus + 1, 40))
+        return spec(replicas=replicas, gpus_per_replica=gpus), "replicas", False
+    # CPUs or memory beyond a node's. admission.check_job names `replicas` for a gang and
+    # `gpus_per_replica` otherwise, even when CPUs or memory are what does not fit.
+    replicas = draw(st.integers(1, 3))
+    field = "replicas" if replicas > 1 else "gpus_per_replica"
+    if kind == "cpus":
+        return spec(replicas=replicas, cpus_per_replica=draw(st.floats(64.01, 1e4))), field, False
+    memory = draw(st.floats(512.01, 1e6))
+    return spec(replicas=replicas, memory_gb_per_replica=memory), field, False
+
+
+@PROPERTY
+@given(oversize_specs(), st.booleans())
+def test_check_spec_rejects_what_never_fits_naming_a_field(
+    drawn: tuple[dict[str, Any], str, bool], shrink: bool
+):
+    data, field, quota_only = drawn
+    s = parse_spec(data)
+    error = check_spec(s, CLUSTER, TEAMS)
+    assert error is not None and [p.field for p in error.problems] == [field]
+    assert str(error).startswith(f"{field}: ")
+    if quota_only:
+        return
+    assert check_spec(s, CLUSTER, TEAMS, quotas=False) is not None  # too big, not just over quota
+    if shrink:  # the same spec, one replica of a node's share, fits
+        one = {"replicas": 1, "gpus_per_replica": 1.0, "cpus_per_replica": 1.0}
+        small = s.model_copy(update={**one, "memory_gb_per_replica": 4.0})
+        assert check_spec(small, CLUSTER, TEAMS) is None
