@@ -10,5 +10,5 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet -e '.[dev]'
+.venv/bin/python -m pip install --quiet -e '.[dev,platform]'
 echo "environment ready: $(pwd)/.venv ($(.venv/bin/berth --help >/dev/null && echo 'berth installed'))"
