@@ -1,0 +1,145 @@
+"""Job and attempt runs in a real MLflow server (started by the tests, SQLite backend)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from mlflow_server import MlflowServer
+
+from scheduling.tracking import JobTracker
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    srv = MlflowServer(tmp_path_factory.mktemp("mlflow"))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def _open(tracker: JobTracker, job_id: str, attempt: int, experiment: str = "berth-tests"):
+    return tracker.open_attempt(
+        job_id=job_id,
+        job_name="train",
+        experiment=experiment,
+        attempt=attempt,
+        params={"team": "vision", "replicas": 2, "placement": [{"node": "n0", "gpus": [0, 1]}]},
+        tags={"airflow.dag_id": "berth_job", "airflow.try_number": str(attempt)},
+    )
+
+
+def test_one_parent_run_and_a_nested_run_per_attempt(server, tmp_path):
+    tracker = JobTracker(server.uri, tmp_path / "spool")
+    first = _open(tracker, "job-a", 1)
+    tracker.close_attempt(first, "failed", {"exit_status": 3, "queue_wait_s": 1.5})
+    second = _open(tracker, "job-a", 2)
+    again = _open(tracker, "job-a", 2)  # a resumed task finds its run again
+    assert again == second
+    tracker.close_attempt(second, "succeeded", {"exit_status": 0, "run_s": 4.0})
+    tracker.close_job(second, "succeeded", attempts=2)
+
+    client = MlflowClient(server.uri)
+    runs = client.search_runs([first.experiment_id], "tags.`berth.job_id` = 'job-a'")
+    by_kind = {}
+    for r in runs:
+        by_kind.setdefault(r.data.tags["berth.kind"], []).append(r)
+    assert len(by_kind["job"]) == 1 and len(by_kind["attempt"]) == 2
+    parent = by_kind["job"][0]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics["attempts"] == 2
+    attempts = {r.data.tags["berth.attempt"]: r for r in by_kind["attempt"]}
+    assert {r.data.tags["mlflow.parentRunId"] for r in attempts.values()} == {parent.info.run_id}
+    assert attempts["1"].info.status == "FAILED"
+    assert attempts["1"].data.metrics["exit_status"] == 3
+    assert attempts["2"].info.status == "FINISHED"
+    assert attempts["2"].data.params["team"] == "vision"
+    assert "'gpus': [0, 1]" in attempts["2"].data.params["placement"]
+    assert attempts["2"].data.tags["airflow.try_number"] == "2"
+
+
+def test_a_replica_logs_to_its_attempt_with_plain_mlflow(server, tmp_path):
+    tracker = JobTracker(server.uri, tmp_path / "spool")
+    run = _open(tracker, "job-b", 1)
+    code = (
+        "import mlflow\n"
+        "with mlflow.start_run():\n"  # resumes MLFLOW_RUN_ID: no platform code in training
+        "    for step in range(5):\n"
+        "        mlflow.log_metric('loss', 1.0 / (step + 1), step=step)\n"
+    )
+    env = {**os.environ, **tracker.replica_env(run, rank=1, node="n0")}
+    env["MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"] = "false"  # sampling needs seconds; not here
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tmp_path, timeout=120)
+    history = MlflowClient(server.uri).get_metric_history(run.run_id, "loss")
+    assert [m.step for m in history] == [0, 1, 2, 3, 4]
+    assert history[-1].value == pytest.approx(0.2)
+    assert tracker.replica_env(run, 1, "n0")["MLFLOW_SYSTEM_METRICS_NODE_ID"] == "n0-rank1"
+
+
+def test_twelve_jobs_logging_at_once_lose_no_metric(server, tmp_path):
+    tracker = JobTracker(server.uri, tmp_path / "spool")
+    runs = [_open(tracker, f"job-c{i}", 1) for i in range(12)]
+    code = (
+        "import mlflow\n"
+        "with mlflow.start_run():\n"
+        "    for step in range(40):\n"
+        "        mlflow.log_metric('acc', step, step=step)\n"
+    )
+
+    def replica(run) -> int:
+        env = {**os.environ, **tracker.replica_env(run, rank=0, node="n0")}
+        env["MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"] = "false"
+        return subprocess.run([sys.executable, "-c", code], env=env, timeout=300).returncode
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        assert list(pool.map(replica, runs)) == [0] * 12
+    client = MlflowClient(server.uri)
+    for run in runs:
+        assert sorted(m.step for m in client.get_metric_history(run.run_id, "acc")) == list(
+            range(40)
+        )
+
+
+def test_the_record_waits_out_a_server_outage(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail fast while it is away
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    srv = MlflowServer(tmp_path / "server")
+    srv.start()
+    try:
+        tracker = JobTracker(srv.uri, tmp_path / "spool")
+        run = _open(tracker, "job-d", 1)
+        srv.stop()
+        # The job ran while the server was away: closing it neither raises nor loses anything.
+        tracker.close_attempt(run, "succeeded", {"run_s": 12.0, "exit_status": 0})
+        tracker.close_job(run, "succeeded", attempts=1)
+        assert len(tracker.spool) == 6  # metrics, tag, end, for the attempt and the job
+        assert tracker.flush() == 0  # still away: nothing lost, nothing applied
+        srv.start()
+        assert tracker.flush() == 6
+        assert len(tracker.spool) == 0
+        got = MlflowClient(srv.uri).get_run(run.run_id)
+        assert got.info.status == "FINISHED"
+        assert got.data.metrics["run_s"] == 12.0
+        assert got.data.tags["berth.outcome"] == "succeeded"
+    finally:
+        srv.stop()
+
+
+def test_the_mlflow_folder_does_not_shadow_the_library():
+    out = subprocess.run(
+        [sys.executable, "-c", "import mlflow; print(mlflow.__file__)"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "site-packages" in out.stdout
+    assert not (REPO / "mlflow" / "__init__.py").exists()
