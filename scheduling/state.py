@@ -89,6 +89,57 @@ class EngineState:
             return self._dequeue(job_id).job
         return None
 
+    # -- restoring a state kept elsewhere (the SQL store) ------------------------------------
+
+    def restore_running(
+        self,
+        job: Job,
+        placement: Placement,
+        start_time: float,
+        preemptions: int = 0,
+        *,
+        enqueued: float,
+        seq: int,
+    ) -> Running:
+        """Put back an admitted or running job without a cycle, holding its placement.
+
+        The SQL store rebuilds the state from its tables before every cycle. `enqueued` and
+        `seq` are the job's place in its queue, where a preemption sends it back. Taking the
+        placement re-checks it (Capacity.take refuses GPUs that are not free), so rows that
+        claim the same GPU twice fail loudly here.
+        """
+        self._check_new(job)
+        self.capacity.take_placement(placement, job.cpu, job.mem)
+        self.quota.add(job.team, job.demand)
+        run = Running(job, placement, start_time, preemptions)
+        self.running[job.id] = run
+        self.running_by_start.add(run)
+        self.running_priorities[job.team][job.priority] += 1
+        self._origin[job.id] = Pending(job, enqueued, seq)
+        self._seq = max(self._seq, seq)
+        return run
+
+    def restore_pending(
+        self,
+        job: Job,
+        enqueued: float,
+        seq: int,
+        not_before: float = 0.0,
+        preemptions: int = 0,
+    ) -> Pending:
+        """Put back a queued job at its old place (`enqueued`, `seq`) without a cycle."""
+        self._check_new(job)
+        self._seq = max(self._seq, seq)
+        if preemptions:
+            self.preemptions[job.id] = preemptions
+        return self._enqueue(Pending(job, enqueued, seq, not_before=not_before))
+
+    def _check_new(self, job: Job) -> None:
+        if job.id in self.pending or job.id in self.running or job.id in self.holds:
+            raise StateError(f"job {job.id} is already known")
+        if job.team not in self.teams:
+            raise StateError(f"job {job.id}: unknown team {job.team}")
+
     # -- the cycle --------------------------------------------------------------------------
 
     def snapshot(self, now: float) -> Snapshot:

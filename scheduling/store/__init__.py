@@ -1,0 +1,39 @@
+"""The engine's SQL store: durable, shared state for many concurrent pollers (store.py)."""
+
+from scheduling.store.database import StoreURLError
+from scheduling.store.schema import LIVE, OUTCOMES, STATES, TERMINAL
+from scheduling.store.store import DEFAULT_LEASE_S, Store
+from scheduling.store.views import (
+    CycleReport,
+    DuplicateJobError,
+    Event,
+    JobStateError,
+    JobStatus,
+    PlacedReplica,
+    StaleAttemptError,
+    StoreError,
+    TeamUsage,
+    UnknownJobError,
+    UnsupportedPolicyError,
+)
+
+__all__ = [
+    "DEFAULT_LEASE_S",
+    "LIVE",
+    "OUTCOMES",
+    "STATES",
+    "TERMINAL",
+    "CycleReport",
+    "DuplicateJobError",
+    "Event",
+    "JobStateError",
+    "JobStatus",
+    "PlacedReplica",
+    "StaleAttemptError",
+    "Store",
+    "StoreError",
+    "StoreURLError",
+    "TeamUsage",
+    "UnknownJobError",
+    "UnsupportedPolicyError",
+]

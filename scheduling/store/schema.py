@@ -1,0 +1,147 @@
+"""The store's tables (SQLAlchemy Core), shared by SQLite and PostgreSQL.
+
+- `jobs`: one row per job, its spec, its state and everything on-call asks about it: where it
+  runs, why it waits (reason and queue position, written by every cycle), the last outcome.
+  The engine's view of the request (replicas, milli-GPUs, ...) sits next to the spec so that a
+  cycle rebuilds its jobs without validating specs again.
+- `attempts`: one row per admission: where it ran, how it ended.
+- `events`: the audit log, in commit order (every write happens under the store's lock).
+- `engine`: a single row (id 1): reservations, cycle count, the queue sequence; its row lock is
+  the store's lock on PostgreSQL.
+
+Times are seconds since the epoch (floats), as the engine counts them. There are no migrations
+yet: `Store` creates missing tables (`metadata.create_all`); Alembic comes with the first
+change to a released schema.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+# Job states. A cycle moves queued -> admitted and running -> preempting; the rest are
+# reported by whoever runs the job (Store.mark_started, finish, cancel) or by Store.reap.
+QUEUED = "queued"
+ADMITTED = "admitted"  # placement chosen, not launched yet
+RUNNING = "running"
+PREEMPTING = "preempting"  # chosen as a victim; its replicas must be stopped
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+CANCELLED = "cancelled"
+REJECTED = "rejected"  # can no longer run on the configured cluster and teams
+STATES = (QUEUED, ADMITTED, RUNNING, PREEMPTING, SUCCEEDED, FAILED, CANCELLED, REJECTED)
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, REJECTED})
+LIVE = tuple(s for s in STATES if s not in TERMINAL)
+HOLDING = (ADMITTED, RUNNING)  # states that hold GPUs in the engine's accounting
+
+# How an attempt ends (Store.finish). The first three end the job; the last two requeue it.
+OUTCOMES = ("succeeded", "failed", "cancelled", "preempted", "lost")
+
+EVENT_TYPES = (
+    "submit",
+    "admit",
+    "start",
+    "preempt",
+    "finish",
+    "fail",
+    "requeue",
+    "lost",
+    "cancel",
+    "reject",
+)
+
+Json = JSON().with_variant(JSONB(), "postgresql")
+ID = String(255)
+
+metadata = MetaData()
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("name", String(255), nullable=False),
+    Column("team", String(255), nullable=False),
+    Column("spec", Json, nullable=False),  # JobSpec.model_dump(mode="json")
+    Column("state", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False, default=0),  # admissions so far
+    # The engine's Job (scheduling.jobs.Job), in engine units.
+    Column("replicas", Integer, nullable=False),
+    Column("gpu", Integer, nullable=False),  # milli-GPUs per replica
+    Column("cpu", Integer, nullable=False),  # milli-CPUs per replica
+    Column("mem", Integer, nullable=False),  # MiB per replica
+    Column("priority", Integer, nullable=False),
+    Column("topology", String(32), nullable=False),
+    Column("preemptible", Boolean, nullable=False),
+    # Queue order: a preempted or lost job keeps its place.
+    Column("enqueued_at", Float, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("not_before", Float, nullable=False, default=0.0),
+    Column("submitted_at", Float, nullable=False),
+    Column("admitted_at", Float),
+    Column("started_at", Float),
+    Column("heartbeat_at", Float),
+    Column("finished_at", Float),
+    Column("placement", Json),  # [{"node": name, "gpus": [indices], "share": milli}]
+    Column("level", String(32)),
+    Column("waits_for", Json, nullable=False, default=list),  # victims still stopping
+    Column("preemptions", Integer, nullable=False, default=0),
+    Column("reason_code", String(32)),
+    Column("reason_message", Text),
+    Column("reason_level", String(32)),
+    Column("reason_resource", String(32)),
+    Column("position", Integer),  # 1-based, in its team's queue
+    Column("labels", Json, nullable=False, default=dict),
+    Column("outcome", String(16)),  # of the last attempt
+    Column("message", Text),
+    Column("exit_code", Integer),
+    Index("ix_jobs_state", "state"),
+    Index("ix_jobs_team_state", "team", "state"),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("job_id", ID, ForeignKey("jobs.id"), primary_key=True),
+    Column("number", Integer, primary_key=True),
+    Column("admitted_at", Float, nullable=False),
+    Column("started_at", Float),
+    Column("ended_at", Float),
+    Column("placement", Json, nullable=False),
+    Column("level", String(32), nullable=False),
+    Column("outcome", String(16)),
+    Column("exit_code", Integer),
+    Column("message", Text),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("t", Float, nullable=False),
+    Column("job_id", ID, nullable=False),
+    Column("type", String(16), nullable=False),
+    Column("data", Json, nullable=False, default=dict),
+    Index("ix_events_job", "job_id", "id"),
+)
+
+engine_row = Table(
+    "engine",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("reservations", Json, nullable=False, default=dict),
+    Column("last_cycle_at", Float),
+    Column("cycles", Integer, nullable=False, default=0),
+    Column("next_seq", Integer, nullable=False, default=1),  # queue order across all teams
+)

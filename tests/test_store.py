@@ -1,0 +1,533 @@
+"""The SQL store on a real SQLite file: lifecycle scenarios, concurrent pollers, properties.
+
+The scenario tests take the database from the `store_url` fixture; tests/test_store_postgres.py
+imports them and runs them again on a real PostgreSQL server. Times are passed explicitly
+(`now=`), so the engine's clock-driven rules (minimum run time, leases) are exact.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from builders import cluster, teams
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from store_workload import audit, ceilings, job_id, open_store, run_workers
+
+from scheduling.policy import BERTH
+from scheduling.spec import JobSpec, SpecError, parse_spec
+from scheduling.store import (
+    DuplicateJobError,
+    JobStateError,
+    StaleAttemptError,
+    Store,
+    StoreURLError,
+    UnknownJobError,
+    UnsupportedPolicyError,
+)
+
+# 2 nodes x 4 GPUs (2 NVLink pairs each). a may borrow all of b's idle quota.
+CLUSTER = cluster(nodes=2, gpus=4, groups=2)
+TEAMS = teams(a={"nominal": 4, "borrowing_limit": 4}, b=4)
+FAST = replace(BERTH, name="berth-fast", min_runtime_s=0.0, preemption_delay_s=0.0)
+
+
+def spec(name: str, team: str = "a", gpus: float = 1, replicas: int = 1, **kw: object) -> JobSpec:
+    data = {
+        "name": name,
+        "team": team,
+        "image": "ghcr.io/org/train:1",
+        "command": ["python", "train.py"],
+        "gpus_per_replica": gpus,
+        "replicas": replicas,
+        **kw,
+    }
+    return parse_spec(data)
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/berth.db"
+
+
+@pytest.fixture
+def make_store(store_url: str):
+    opened: list[Store] = []
+
+    def make(tm=TEAMS, policy=FAST) -> Store:
+        s = Store(store_url, CLUSTER, tm, policy)
+        opened.append(s)
+        return s
+
+    yield make
+    for s in opened:
+        s.close()
+
+
+@pytest.fixture
+def store(make_store) -> Store:
+    return make_store()
+
+
+def gpus_of(status) -> set[tuple[str, int]]:
+    return {(r.node, g) for r in status.placement for g in r.gpus}
+
+
+def submit(store: Store, name: str, at: float, **kw: object):
+    return store.submit(spec(name, **kw), job_id=name, now=at)
+
+
+def run(store: Store, name: str, at: float) -> None:
+    """Start an admitted job, as its worker would once launchable."""
+    status = store.status(name)
+    assert status.state == "admitted" and store.launchable(name)
+    store.mark_started(name, status.attempt, now=at)
+
+
+# -- scenarios (also run on PostgreSQL) ---------------------------------------------------------
+
+
+def test_admits_on_free_gpus_and_explains_who_waits(store: Store) -> None:
+    submit(store, "a1", 0, gpus=4)
+    submit(store, "a2", 1, gpus=4)  # a borrows b's idle quota for this one
+    submit(store, "a3", 2, gpus=2)  # a is at nominal + borrowing limit
+    submit(store, "a4", 3, gpus=1)
+    report = store.schedule(now=10)
+    assert report.admitted == ("a1", "a2")
+    a1, a2 = store.status("a1"), store.status("a2")
+    assert a1.state == a2.state == "admitted" and a1.attempt == a2.attempt == 1
+    assert len(gpus_of(a1)) == len(gpus_of(a2)) == 4 and not gpus_of(a1) & gpus_of(a2)
+    assert a1.level == "node" and len(a1.nodes) == 1
+    a3, a4 = store.status("a3"), store.status("a4")
+    assert (a3.state, a3.reason_code, a3.reason_resource, a3.position) == (
+        "queued",
+        "quota",
+        "gpus",
+        1,
+    )
+    assert "borrowing_limit" in a3.reason_message
+    assert (a4.reason_code, a4.position) == ("quota", 2)
+    assert store.usage()["a"].gpus == 8 and store.usage()["a"].borrowed == 4
+
+    run(store, "a1", 11)
+    store.finish("a1", "succeeded", exit_code=0, now=20)
+    assert store.usage()["a"].gpus == 4
+    assert store.schedule(now=21).admitted == ("a3", "a4")
+    freed = gpus_of(a1)
+    assert gpus_of(store.status("a3")) | gpus_of(store.status("a4")) <= freed  # a1's GPUs
+    assert store.status("a1").outcome == "succeeded" and store.status("a1").exit_code == 0
+
+
+def test_a_job_that_fits_the_quota_but_not_the_free_gpus_waits_for_placement(
+    store: Store,
+) -> None:
+    submit(store, "a1", 0, gpus=3)
+    submit(store, "b1", 1, team="b", gpus=3)
+    assert store.schedule(now=2).admitted == ("a1", "b1")  # one node each, 1 GPU left on each
+    submit(store, "a2", 3, gpus=2)  # quota allows it; no node has 2 free GPUs
+    store.schedule(now=4)
+    a2 = store.status("a2")
+    assert (a2.reason_code, a2.reason_level, a2.position) == ("no_placement", "node", 1)
+
+
+def test_preemption_waits_for_the_victim_to_stop_then_requeues_it_in_place(store: Store) -> None:
+    submit(store, "a1", 0, gpus=4)
+    submit(store, "a2", 1, gpus=4, priority=-1)  # borrowed; the cheaper loss
+    store.schedule(now=2)
+    run(store, "a1", 3)
+    run(store, "a2", 4)
+    before = store.status("a2")
+    submit(store, "b1", 5, team="b", gpus=4)  # b reclaims its nominal
+    report = store.schedule(now=6)
+    assert report.preempted == ("a2",) and report.admitted == ("b1",)
+    victim, b1 = store.status("a2"), store.status("b1")
+    assert victim.state == "preempting"
+    assert b1.state == "admitted" and b1.waits_for == ("a2",)
+    assert gpus_of(b1) == gpus_of(before)  # it gets exactly the victim's GPUs
+    assert not store.launchable("b1")
+    with pytest.raises(JobStateError, match="a2 still stopping"):
+        store.mark_started("b1", 1, now=7)
+    assert store.usage()["a"].stopping_gpus == 4
+
+    store.finish("a2", "preempted", now=8)  # the victim's replicas are down
+    assert store.launchable("b1")
+    run(store, "b1", 9)
+    victim = store.status("a2")
+    assert (victim.state, victim.preemptions, victim.attempt) == ("queued", 1, 1)
+    assert victim.placement == () and victim.outcome == "preempted"
+    assert (victim.submitted_at, store.jobs(states=["queued"])[0].id) == (1, "a2")
+    assert store.status("a2").position is None  # explained by the next cycle
+    store.schedule(now=10)
+    assert (store.status("a2").reason_code, store.status("a2").position) == ("quota", 1)
+    store.finish("a1", "succeeded", now=11)
+    store.schedule(now=12)
+    assert store.status("a2").state == "admitted" and store.status("a2").attempt == 2
+
+
+def test_a_job_placed_where_a_victim_still_stops_waits_for_it_too(store: Store) -> None:
+    submit(store, "a1", 0, gpus=4)
+    submit(store, "a2", 1, gpus=2)
+    submit(store, "a3", 1.5, gpus=2)
+    store.schedule(now=2)
+    for name, t in (("a1", 3), ("a2", 4), ("a3", 5)):
+        run(store, name, t)
+    submit(store, "b1", 6, team="b", gpus=2)
+    assert store.schedule(now=7).preempted == ("a3",)
+    store.finish("a2", "succeeded", now=8)  # frees 2 GPUs next to the stopping a3
+    submit(store, "b2", 9, team="b", gpus=2)
+    store.schedule(now=10)
+    b2 = store.status("b2")
+    assert b2.state == "admitted" and set(b2.nodes) == set(store.status("a3").nodes)
+    assert b2.waits_for == ("a3",) and not store.launchable("b2")
+
+
+def test_submit_is_idempotent_per_job_id(store: Store) -> None:
+    first = store.submit(spec("train"), job_id="dag.run.task", labels={"try": "1"}, now=0)
+    again = store.submit(spec("train"), job_id="dag.run.task", labels={"try": "2"}, now=50)
+    assert again == first and again.labels == {"try": "1"}
+    assert [e.type for e in store.events("dag.run.task")] == ["submit"]
+    with pytest.raises(DuplicateJobError, match="job_id"):
+        store.submit(spec("train", gpus=2), job_id="dag.run.task", now=60)
+    generated = store.submit(spec("train"), now=70).id
+    assert generated.startswith("train-") and len(generated) == len("train-") + 8
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        (spec("huge", gpus=4, replicas=3), "replicas"),  # 12 GPUs: more than a may ever hold
+        (spec("nowhere", team="zzz"), "team"),
+        (spec("wide", gpus=8), "gpus_per_replica"),  # no node has 8 GPUs
+    ],
+)
+def test_a_job_that_can_never_run_is_refused_and_nothing_is_written(
+    store: Store, bad: JobSpec, field: str
+) -> None:
+    with pytest.raises(SpecError) as err:
+        store.submit(bad, job_id="x", now=0)
+    assert err.value.problems[0].field == field
+    assert store.jobs() == [] and store.events() == []
+    with pytest.raises(UnknownJobError, match="no job 'x'"):
+        store.status("x")
+
+
+def test_cancel_frees_gpus_for_the_next_cycle(store: Store) -> None:
+    submit(store, "a1", 0, gpus=4)
+    submit(store, "a2", 1, gpus=4)
+    submit(store, "a3", 2, gpus=4)
+    submit(store, "a4", 3, gpus=1)
+    store.schedule(now=4)
+    run(store, "a1", 5)
+    store.cancel("a4", message="not needed", now=6)  # queued
+    cancelled = store.cancel("a1", message="user asked", now=7)  # running
+    assert (cancelled.state, cancelled.outcome, cancelled.message) == (
+        "cancelled",
+        "cancelled",
+        "user asked",
+    )
+    assert store.usage()["a"].gpus == 4
+    assert store.schedule(now=8).admitted == ("a3",)
+    assert gpus_of(store.status("a3")) == gpus_of(store.status("a1"))
+    assert store.status("a4").state == "cancelled" and store.status("a4").attempt == 0
+    assert store.cancel("a1", now=9) == store.status("a1")  # a second cancel changes nothing
+
+
+def test_reap_requeues_a_silent_job_and_refuses_its_old_worker(store: Store) -> None:
+    submit(store, "a1", 0, gpus=2)
+    store.schedule(now=1)
+    run(store, "a1", 2)
+    store.heartbeat("a1", attempt=1, now=100)
+    assert store.reap(now=150, lease_s=60) == []
+    assert store.reap(now=161, lease_s=60) == ["a1"]
+    lost = store.status("a1")
+    assert (lost.state, lost.attempt, lost.outcome, lost.preemptions) == ("queued", 1, "lost", 0)
+    assert store.usage()["a"].gpus == 0
+    store.schedule(now=162)
+    with pytest.raises(StaleAttemptError):
+        store.heartbeat("a1", attempt=1, now=163)  # the old worker wakes up
+    assert store.status("a1").state == "admitted" and store.status("a1").attempt == 2
+    with pytest.raises(StaleAttemptError):
+        store.finish("a1", "succeeded", attempt=1, now=164)
+    lost_events = [e for e in store.events("a1") if e.type == "lost"]
+    assert lost_events[0].data["by"] == "reap" and lost_events[0].data["attempt"] == 1
+
+
+def test_a_preempting_job_silent_past_the_lease_counts_as_stopped(store: Store) -> None:
+    submit(store, "a1", 0, gpus=4)
+    submit(store, "a2", 1, gpus=4, priority=-1)  # the cheaper loss
+    store.schedule(now=2)
+    run(store, "a1", 3)
+    run(store, "a2", 4)
+    store.heartbeat("a1", now=500)
+    submit(store, "b1", 5, team="b", gpus=4)
+    store.schedule(now=6)
+    store.heartbeat("b1", now=500)  # its worker polls launchable() and stays alive meanwhile
+    assert store.reap(now=600, lease_s=300) == ["a2"]  # its worker died while stopping
+    assert store.status("a2").preemptions == 1 and store.launchable("b1")
+
+
+def test_failed_attempt_is_retried_as_a_new_attempt(store: Store) -> None:
+    submit(store, "a1", 0, gpus=1)
+    store.schedule(now=1)
+    run(store, "a1", 2)
+    failed = store.finish("a1", "failed", exit_code=3, message="CUDA OOM", now=3)
+    assert (failed.state, failed.exit_code, failed.message) == ("failed", 3, "CUDA OOM")
+    queued = store.retry("a1", now=4)
+    assert (queued.state, queued.attempt, queued.not_before) == ("queued", 1, 0)
+    with pytest.raises(JobStateError, match="retry needs it failed"):
+        store.retry("a1", now=4)
+    assert store.schedule(now=5).admitted == ("a1",)
+    assert store.status("a1").attempt == 2
+
+
+def test_retry_honours_its_backoff(store: Store) -> None:
+    submit(store, "a1", 0, gpus=1)
+    store.schedule(now=1)
+    store.finish("a1", "failed", exit_code=1, now=2)  # failed at launch, never started
+    store.retry("a1", not_before=100, now=3)
+    assert store.schedule(now=50).admitted == ()
+    assert store.status("a1").reason_code == "backoff"
+    assert store.schedule(now=100).admitted == ("a1",)
+
+
+def test_events_tell_the_story(store: Store) -> None:
+    submit(store, "a1", 0, gpus=4)
+    submit(store, "a2", 1, gpus=4, priority=-1)  # the cheaper loss
+    store.schedule(now=2)
+    run(store, "a1", 3)
+    run(store, "a2", 4)
+    submit(store, "b1", 5, team="b", gpus=4)
+    store.schedule(now=6)
+    store.finish("a2", "preempted", now=7)
+    store.finish("a1", "succeeded", now=8)
+    store.schedule(now=9)
+    run(store, "a2", 10)
+    store.finish("a2", "failed", exit_code=137, message="OOMKilled", now=11)
+    story = [(e.t, e.type) for e in store.events("a2")]
+    assert story == [
+        (1, "submit"),
+        (2, "admit"),
+        (4, "start"),
+        (6, "preempt"),
+        (7, "requeue"),
+        (9, "admit"),
+        (10, "start"),
+        (11, "fail"),
+    ]
+    data = {e.type: e.data for e in store.events("a2")}
+    assert data["preempt"]["by"] == "b1"
+    assert data["fail"] == {
+        "attempt": 2,
+        "outcome": "failed",
+        "exit_code": 137,
+        "message": "OOMKilled",
+    }
+    assert data["admit"]["placement"][0]["node"] in {"n-000", "n-001"}
+    ids = [e.id for e in store.events()]
+    assert ids == sorted(ids) and len(ids) == len(set(ids))
+
+
+def test_a_queued_job_of_a_removed_team_is_rejected_by_the_next_cycle(make_store) -> None:
+    first = make_store()
+    submit(first, "b1", 0, team="b", gpus=1)
+    first.close()
+    only_a = make_store(tm=teams(a=8))
+    report = only_a.schedule(now=1)
+    assert report.rejected == ("b1",)
+    b1 = only_a.status("b1")
+    assert b1.state == "rejected" and b1.reason_code == "unknown_team"
+    assert "team" in b1.reason_message
+    assert [e.type for e in only_a.events("b1")] == ["submit", "reject"]
+
+
+def test_bad_arguments_name_the_field(store: Store, store_url: str) -> None:
+    submit(store, "a1", 0)
+    with pytest.raises(ValueError, match="outcome: must be one of"):
+        store.finish("a1", "done")
+    with pytest.raises(ValueError, match="labels"):
+        store.submit(spec("x"), labels={"try": 1})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="job_id"):
+        store.submit(spec("x"), job_id=" ")
+    with pytest.raises(ValueError, match="states"):
+        store.jobs(states=["runing"])
+    with pytest.raises(JobStateError, match="a1 is queued; mark_started needs it admitted"):
+        store.mark_started("a1", 0)
+    with pytest.raises(UnsupportedPolicyError, match="quota-spread"):
+        Store(store_url, CLUSTER, TEAMS, "quota-spread")
+
+
+# -- SQLite only --------------------------------------------------------------------------------
+
+
+def test_urls_that_cannot_be_shared_are_refused() -> None:
+    with pytest.raises(StoreURLError, match="in-memory"):
+        Store("sqlite://", CLUSTER, TEAMS)
+    with pytest.raises(StoreURLError, match="not supported"):
+        Store("mysql://u@h/db", CLUSTER, TEAMS)
+
+
+def test_concurrent_pollers_never_give_a_gpu_twice_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/berth.db"
+    run_workers(url, workers=4, jobs=100)
+    check_concurrent_history(url, jobs=100)
+
+
+def check_concurrent_history(url: str, jobs: int) -> None:
+    """After the pollers: every job succeeded, and the log breaks no invariant (audit)."""
+    store = open_store(url)
+    try:
+        final = store.jobs()
+        assert len(final) == jobs and {s.state for s in final} == {"succeeded"}
+        kinds = audit(store.events(), ceilings())
+        assert kinds["submit"] == jobs and kinds["finish"] == jobs
+        # Jobs ending in 7 fail their first run, unless it was preempted first.
+        assert 1 <= kinds["fail"] <= sum(1 for i in range(jobs) if job_id(i).endswith("7"))
+        # One admission per attempt: the first, and one after each requeue (retries and
+        # confirmed preemptions) or loss.
+        assert kinds["admit"] == jobs + kinds["requeue"] + kinds["lost"]
+        # Requeues are retries and confirmed preemptions; a victim may also finish on its
+        # own before it is stopped.
+        assert kinds["requeue"] <= kinds["fail"] + kinds["preempt"]
+    finally:
+        store.close()
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+OUTCOMES = ["succeeded", "failed", "cancelled", "preempted", "lost"]
+SUBMIT = st.tuples(
+    st.just("submit"),
+    st.sampled_from(["a", "a", "b"]),  # a borrows often; b reclaims
+    st.sampled_from([0.5, 1, 1, 2, 3, 4]),
+    st.sampled_from([1, 1, 2]),
+    st.integers(-1, 1),
+)
+START = st.tuples(st.just("start"), st.integers(0, 40))
+SCHEDULE = st.tuples(st.just("schedule"))
+OPS = st.lists(
+    st.one_of(  # repeated branches weigh the draw towards a busy cluster
+        SUBMIT,
+        SUBMIT,
+        SUBMIT,
+        SCHEDULE,
+        SCHEDULE,
+        SCHEDULE,
+        START,
+        START,
+        st.tuples(st.just("finish"), st.integers(0, 40), st.sampled_from(OUTCOMES)),
+        st.tuples(st.just("cancel"), st.integers(0, 40)),
+        st.tuples(st.just("reap")),
+    ),
+    min_size=10,
+    max_size=50,
+)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(OPS)
+def test_random_operations_keep_the_invariants(ops: list[tuple]) -> None:
+    with (
+        tempfile.TemporaryDirectory() as d,
+        Store(f"sqlite:///{d}/b.db", CLUSTER, TEAMS, FAST) as s,
+    ):
+        names: list[str] = []
+        t = 0.0
+        for op in ops:
+            t += 30.0
+            _apply(s, op, names, t)
+            check_invariants(s, after_cycle=op[0] == "schedule")
+        for _ in range(60):  # liveness: with everyone cooperating, every job gets to run
+            t += 30.0
+            s.schedule(now=t)
+            check_invariants(s, after_cycle=True)
+            live = s.jobs(states=["admitted", "running", "preempting", "queued"])
+            if not live:
+                break
+            for j in live:
+                if j.state == "admitted" and s.launchable(j.id):
+                    s.mark_started(j.id, j.attempt, now=t)
+                elif j.state == "running":
+                    s.finish(j.id, "succeeded", now=t)
+                elif j.state == "preempting":
+                    s.finish(j.id, "preempted", now=t)
+        assert not s.jobs(states=["admitted", "running", "preempting", "queued"])
+        assert all(u.gpus == 0 for u in s.usage().values())
+        for kind in sorted({e.type for e in s.events()}):
+            event(f"saw {kind}")  # --hypothesis-show-statistics: what the examples exercised
+
+
+def _apply(s: Store, op: tuple, names: list[str], t: float) -> None:
+    kind = op[0]
+    if kind == "submit":
+        _, team, gpus, replicas, prio = op
+        name = f"j{len(names)}"
+        s.submit(
+            spec(name, team=team, gpus=gpus, replicas=replicas, priority=prio), job_id=name, now=t
+        )
+        names.append(name)
+    elif kind == "schedule":
+        s.schedule(now=t)
+    elif kind == "reap":
+        s.reap(now=t, lease_s=100)
+    elif names:
+        # Even indices pick among the jobs the operation fits (so that examples get far),
+        # odd ones among all (so that refusals are exercised too).
+        fits = {"start": ["admitted"], "finish": ["admitted", "running", "preempting"]}
+        pool = [j.id for j in s.jobs(states=fits.get(kind, ["queued", "admitted", "running"]))]
+        if op[1] % 2 or not pool:
+            pool = names
+        name = pool[op[1] // 2 % len(pool)]
+        before = s.status(name)
+        try:
+            if kind == "start":
+                s.mark_started(name, before.attempt, now=t)
+            elif kind == "finish":
+                s.finish(name, op[2], now=t)
+            else:
+                s.cancel(name, now=t)
+        except JobStateError:
+            allowed = {
+                "start": {"admitted", "running"},
+                "finish": {"admitted", "running", "preempting"},
+            }
+            # refused only when the state does not allow it (or, to start, victims still stop)
+            assert before.state not in allowed[kind] or (kind == "start" and before.waits_for)
+            assert s.status(name) == before  # and a refusal changes nothing
+
+
+def check_invariants(s: Store, after_cycle: bool) -> None:
+    jobs = s.jobs()
+    held: dict[tuple[str, int], list[int]] = {}
+    physical: dict[tuple[str, int], list[int]] = {}
+    for j in jobs:
+        for r in j.placement:
+            for g in r.gpus:
+                if j.state in ("admitted", "running"):
+                    held.setdefault((r.node, g), []).append(r.share)
+                if j.state in ("running", "preempting"):
+                    physical.setdefault((r.node, g), []).append(r.share)
+    for slots in (held, physical):
+        for gpu, shares in slots.items():
+            assert shares == [0] or (0 not in shares and sum(shares) <= 1000), (gpu, shares)
+    for team, u in s.usage().items():
+        assert u.gpus <= u.ceiling, team
+    assert sum(u.gpus for u in s.usage().values()) <= 8
+    for j in jobs:
+        if j.state == "admitted":
+            stopping = [w for w in j.waits_for if s.status(w).state == "preempting"]
+            assert s.launchable(j.id) == (not stopping)
+        if after_cycle and j.state == "queued":
+            assert j.reason_code is not None and j.position is not None and j.position >= 1, j
+    if after_cycle:
+        positions = Counter((j.team, j.position) for j in jobs if j.state == "queued")
+        assert all(n == 1 for n in positions.values()), positions
