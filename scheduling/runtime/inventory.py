@@ -1,0 +1,172 @@
+"""This machine's GPUs, for the embedded default: detected with nvidia-smi, or declared.
+
+GPU groups (the fast-link islands the placement keeps gangs inside) come from
+`nvidia-smi topo -m`: GPUs go together when every pair of them is linked by NVLink (`NV#`), so
+a DGX-1's hybrid cube mesh gives two groups of four, not one chain of eight. On a machine with
+no NVLink at all, a shared PCIe switch (`PIX`, `PXB`) is the fast link instead. Without the
+matrix, each GPU is its own group: we claim no fast link we cannot see, so a job that needs one
+group of several GPUs is refused with a reason rather than run over slow links; jobs with
+topology `any` or `node` still use every GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduling.cluster import Cluster
+from scheduling.config import load_cluster, parse_cluster
+
+QUERY = ["--query-gpu=index,name,memory.total,uuid", "--format=csv,noheader,nounits"]
+TIMEOUT_S = 20.0
+_GPU = re.compile(r"GPU(\d+)")
+_LINE_FORMAT = (
+    "'index, name, memory.total (MiB), uuid', e.g. '0, NVIDIA H100 80GB HBM3, 81559, GPU-…'"
+)
+
+
+class InventoryError(ValueError):
+    """The GPUs cannot be told, or do not match what was declared; the message says the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    index: int
+    name: str
+    memory_mib: int
+    uuid: str
+
+
+def parse_gpu_query(text: str) -> list[GpuInfo]:
+    """Read the CSV of `nvidia-smi --query-gpu=index,name,memory.total,uuid` (no header, no
+    units). A name may hold commas: the index is the first field, the uuid the last."""
+    gpus = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 4 or not fields[0].isdigit() or not fields[-2].isdigit():
+            raise InventoryError(
+                f"nvidia-smi printed line {n} that is not a GPU: {line!r}; expected {_LINE_FORMAT}."
+                " Check that `nvidia-smi` works and is the NVIDIA tool, or declare the GPUs in a "
+                "cluster YAML"
+            )
+        name = ", ".join(fields[1:-2])
+        gpus.append(GpuInfo(int(fields[0]), name, int(fields[-2]), fields[-1]))
+    indices = sorted(g.index for g in gpus)
+    if indices != list(range(len(gpus))):
+        raise InventoryError(
+            f"nvidia-smi listed GPU indices {indices}, not 0..{len(gpus) - 1}; declare the GPUs "
+            "in a cluster YAML instead"
+        )
+    return sorted(gpus, key=lambda g: g.index)
+
+
+def parse_topology(text: str, count: int) -> list[list[int]] | None:
+    """GPU groups from `nvidia-smi topo -m` (see the module docstring); None if the matrix is
+    missing or does not cover GPUs 0..count-1."""
+    links: dict[int, list[str]] = {}
+    for line in text.splitlines():
+        cells = line.split()
+        if cells and (m := _GPU.fullmatch(cells[0])) and len(cells) > count:
+            links[int(m.group(1))] = cells[1 : count + 1]
+    if sorted(links) != list(range(count)) or any(links[i][i] != "X" for i in range(count)):
+        return None
+    nvlink = any(c.startswith("NV") for row in links.values() for c in row)
+    fast = ("NV",) if nvlink else ("PIX", "PXB")
+
+    def linked(a: int, b: int) -> bool:
+        return links[a][b].startswith(fast) and links[b][a].startswith(fast)
+
+    groups: list[list[int]] = []
+    for gpu in range(count):  # greedy: join the first group whose every GPU it links to
+        for group in groups:
+            if all(linked(gpu, other) for other in group):
+                group.append(gpu)
+                break
+        else:
+            groups.append([gpu])
+    return groups
+
+
+def detect_gpus(nvidia_smi: str = "nvidia-smi") -> list[GpuInfo] | None:
+    """This machine's GPUs; None when nvidia-smi is absent or fails (no driver, no GPU)."""
+    out = _run(nvidia_smi, QUERY)
+    return None if out is None else parse_gpu_query(out)
+
+
+def detect_gpu_groups(count: int, nvidia_smi: str = "nvidia-smi") -> list[list[int]]:
+    """Fast-link groups of GPUs 0..count-1; one group per GPU when the matrix is unavailable."""
+    out = _run(nvidia_smi, ["topo", "-m"])
+    groups = None if out is None else parse_topology(out, count)
+    return groups if groups is not None else [[i] for i in range(count)]
+
+
+def local_cluster(declared: Path | None, nvidia_smi: str = "nvidia-smi") -> Cluster:
+    """The cluster the embedded default schedules on.
+
+    With `declared`, the cluster YAML (every node runs on this machine), checked against the
+    detected GPUs when nvidia-smi works: a node that declares more GPUs than the machine has is
+    an error. Without it, this machine as one node: detected GPUs and groups, os.cpu_count()
+    CPUs, MemTotal from /proc/meminfo.
+    """
+    gpus = detect_gpus(nvidia_smi)
+    if declared is not None:
+        cluster = load_cluster(declared)
+        if gpus is not None:
+            for node in cluster.nodes:
+                if node.gpus > len(gpus):
+                    raise InventoryError(
+                        f"{declared}: node {node.name} declares {node.gpus} GPUs but this machine "
+                        f"has {len(gpus)} ({_models(gpus)}); declare at most {len(gpus)} GPUs "
+                        "per node, or leave the file out to use the detected GPUs"
+                    )
+        return cluster
+    if not gpus:
+        raise InventoryError(
+            "no GPU found on this machine (nvidia-smi is missing or fails) and no cluster file "
+            "declared; declare one to try Berth without GPUs, e.g. a cluster.yaml with "
+            "`nodes: [{name: laptop-0, gpus: 4, cpus: 8, memory_gb: 16}]`"
+        )
+    node = {
+        "name": socket.gethostname() or "localhost",
+        "gpus": len(gpus),
+        "gpu_model": gpus[0].name,  # one model per node in the engine's model
+        "gpu_groups": detect_gpu_groups(len(gpus), nvidia_smi),
+        "cpus": os.cpu_count() or 1,
+        "memory_gb": _memory_gb(),
+    }
+    return parse_cluster({"name": "local", "nodes": [node]}, "detected machine")
+
+
+def _run(program: str, args: list[str]) -> str | None:
+    exe = shutil.which(program)
+    if exe is None:
+        return None
+    try:
+        done = subprocess.run(
+            [exe, *args], capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _models(gpus: list[GpuInfo]) -> str:
+    return ", ".join(sorted({g.name for g in gpus}))
+
+
+def _memory_gb() -> float:
+    """MemTotal from /proc/meminfo in GiB; 0 (unknown) where there is no /proc."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / (1024 * 1024)  # kB -> GiB
+    except OSError:
+        pass
+    return 0.0
