@@ -14,10 +14,16 @@ from pydantic_core import PydanticCustomError
 from scheduling.resources import GPU_UNIT
 
 # Set by the platform for every replica; a user's value would break the gang or the tracking.
+# What the runtimes (runtime/base.py RUNTIME_ENV) and the tracker (tracking/tracker.py
+# replica_env) set for every replica; tests/test_spec.py keeps this a superset of both.
 RESERVED_ENV = frozenset(
     {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK"}
-    | {"MASTER_ADDR", "MASTER_PORT", "MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI"}
+    | {"LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
+    | {"BERTH_JOB_ID", "BERTH_ATTEMPT", "BERTH_NODE", "BERTH_GPU_SHARE"}
+    | {"MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"}
+    | {"MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "MLFLOW_SYSTEM_METRICS_NODE_ID"}
 )
+RESERVED_PREFIX = "BERTH_"  # staging adds BERTH_INPUT_<i>, BERTH_INPUT_<NAME>, ...
 Topology = Literal["any", "gpu_group", "node", "rack", "block"]  # cluster.TOPOLOGY_CHOICES
 
 NAME_RE = re.compile(r"[a-z](?:[-a-z0-9]*[a-z0-9])?")
@@ -212,6 +218,11 @@ def artifact_path(v: str) -> str:
 
 
 def env_key(k: str) -> str:
+    if k.startswith(RESERVED_PREFIX):
+        raise ValueError(
+            f"starts with {RESERVED_PREFIX!r}: such names are set by the platform (job, "
+            "attempt, node, staged inputs); rename it"
+        )
     if k in RESERVED_ENV:
         others = ", ".join(sorted(RESERVED_ENV - {k}))
         raise ValueError(f"is set by the platform; remove it (the platform also sets {others})")

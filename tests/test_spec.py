@@ -605,3 +605,18 @@ def test_check_spec_rejects_what_never_fits_naming_a_field(
         one = {"replicas": 1, "gpus_per_replica": 1.0, "cpus_per_replica": 1.0}
         small = s.model_copy(update={**one, "memory_gb_per_replica": 4.0})
         assert check_spec(small, CLUSTER, TEAMS) is None
+
+
+def test_reserved_env_covers_what_the_platform_sets(tmp_path) -> None:
+    from scheduling.runtime.base import RUNTIME_ENV
+    from scheduling.tracking import AttemptRun, JobTracker
+
+    tracker = JobTracker("http://127.0.0.1:9", tmp_path)  # no server needed to build the env
+    tracked = tracker.replica_env(AttemptRun("1", "p", "r", 1), rank=0, node="n0")
+    assert RUNTIME_ENV <= RESERVED_ENV
+    assert set(tracked) <= RESERVED_ENV
+
+
+def test_the_platform_prefix_is_refused():
+    [problem] = problems_of(spec(env={"BERTH_INPUT_TRAIN": "x"}))
+    assert problem.field == "env.BERTH_INPUT_TRAIN" and "'BERTH_'" in problem.message
