@@ -2,8 +2,9 @@
 
 `base` holds the interface every runtime implements and the data it returns; `local` runs
 replicas as processes on this machine (the embedded default); `inventory` finds this
-machine's GPUs. A Kubernetes runtime will sit beside `local`, the only module allowed to import
-the kubernetes client.
+machine's GPUs. `kubernetes/` (so far: the cluster's inventory from its nodes and pods) is the
+only subpackage allowed to import the kubernetes client; importing this package does not load
+it.
 """
 
 from scheduling.runtime.base import (

@@ -1,0 +1,35 @@
+"""The Kubernetes runtime: Berth's replicas as pods on a real cluster.
+
+The only package of Berth that imports the kubernetes client. `inventory` discovers the nodes
+Berth may place on, their topology, and what pods that Berth did not create already hold;
+`labels` says which node labels, annotation and taints it reads; `pod_requests` tells what a
+pod holds on its node.
+"""
+
+from scheduling.runtime.kubernetes.inventory import (
+    BERTH,
+    MANAGED_BY,
+    Inventory,
+    discover_cluster,
+)
+from scheduling.runtime.kubernetes.labels import (
+    DEFAULT_TOLERATIONS,
+    GpuGroupsError,
+    Toleration,
+    TopologyLabels,
+    parse_gpu_groups,
+)
+from scheduling.runtime.kubernetes.pod_requests import pod_request
+
+__all__ = [
+    "BERTH",
+    "DEFAULT_TOLERATIONS",
+    "MANAGED_BY",
+    "GpuGroupsError",
+    "Inventory",
+    "Toleration",
+    "TopologyLabels",
+    "discover_cluster",
+    "parse_gpu_groups",
+    "pod_request",
+]
