@@ -26,9 +26,20 @@ def free_port() -> int:
 
 
 class MlflowServer:
-    def __init__(self, root: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        port: int | None = None,
+        *,
+        backend_uri: str | None = None,
+        artifacts_destination: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.root = root
         self.port = port or free_port()
+        self.backend_uri = backend_uri or f"sqlite:///{root / 'mlflow.db'}"
+        self.artifacts_destination = artifacts_destination or str(root / "artifacts")
+        self.env = {**os.environ, **(env or {})}
         self.uri = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         root.mkdir(parents=True, exist_ok=True)
@@ -40,9 +51,9 @@ class MlflowServer:
                 str(MLFLOW),
                 "server",
                 "--backend-store-uri",
-                f"sqlite:///{self.root / 'mlflow.db'}",
+                self.backend_uri,
                 "--artifacts-destination",
-                str(self.root / "artifacts"),
+                self.artifacts_destination,
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -52,6 +63,7 @@ class MlflowServer:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=self.env,
             start_new_session=True,  # stop() takes the workers down with it
         )
         deadline = time.monotonic() + timeout_s

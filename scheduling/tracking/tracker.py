@@ -147,6 +147,20 @@ class JobTracker:
             "end", run_id=run.job_run_id, status=STATUS[outcome], ts=int(time.time() * 1000)
         )
 
+    def log_artifacts(
+        self, run: AttemptRun, local_dir: Path, artifact_path: str | None = None
+    ) -> None:
+        """Upload a folder (the attempt's collected artifacts) to the attempt's run, through the
+        server (proxied artifacts: replicas and workers need no S3 credentials). Raises
+        TrackingError: an upload cannot wait in the spool, but the files stay where they are."""
+        try:
+            self.client.log_artifacts(run.run_id, str(local_dir), artifact_path)
+        except (MlflowException, OSError) as e:
+            raise TrackingError(
+                f"uploading {local_dir} to run {run.run_id} at {self.tracking_uri} failed: {e}; "
+                "the files are kept there"
+            ) from e
+
     def flush(self) -> int:
         """Replay spooled writes; returns how many went through (0 while the server is away)."""
         try:
