@@ -1,4 +1,5 @@
-"""`berth`: the command line. Simulation and trace import here; Airflow commands join later."""
+"""`berth`: the command line. Simulation and trace import here; on-call commands on the store
+in cli_jobs.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from scheduling import cli_jobs
 from scheduling.config import ConfigError, load_cluster, load_teams
 from scheduling.policy import POLICIES, UnknownPolicyError, get_policy
 from scheduling.simulator.trace import TraceFormatError, load_trace
@@ -18,6 +20,7 @@ from scheduling.simulator.trace import TraceFormatError, load_trace
 app = typer.Typer(help="Berth: GPU job scheduling for ML teams.", no_args_is_help=True)
 trace_app = typer.Typer(help="Turn public cluster traces into simulator inputs.")
 app.add_typer(trace_app, name="trace")
+cli_jobs.register(app)
 console = Console(stderr=True)
 
 KEY_METRICS = (

@@ -160,6 +160,8 @@ def test_rank_variables_are_consistent_for_any_placement(spec: list[tuple[int, i
     assert [e["RANK"] for e in envs] == [str(i) for i in range(len(spec))]
     assert {e["WORLD_SIZE"] for e in envs} == {str(len(spec))}
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == [str(g) for _, g in spec]
+    # one MLflow system-metrics node id per rank, so a gang's ranks are told apart
+    assert len({e["MLFLOW_SYSTEM_METRICS_NODE_ID"] for e in envs}) == len(envs)
     by_node: dict[str, list[dict[str, str]]] = {}
     for e in envs:
         by_node.setdefault(e["NODE_RANK"], []).append(e)

@@ -612,7 +612,7 @@ def test_reserved_env_covers_what_the_platform_sets(tmp_path) -> None:
     from scheduling.tracking import AttemptRun, JobTracker
 
     tracker = JobTracker("http://127.0.0.1:9", tmp_path)  # no server needed to build the env
-    tracked = tracker.replica_env(AttemptRun("1", "p", "r", 1), rank=0, node="n0")
+    tracked = tracker.attempt_env(AttemptRun("1", "p", "r", 1))
     assert RUNTIME_ENV <= RESERVED_ENV
     assert set(tracked) <= RESERVED_ENV
 

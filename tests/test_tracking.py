@@ -74,13 +74,12 @@ def test_a_replica_logs_to_its_attempt_with_plain_mlflow(server, tmp_path):
         "    for step in range(5):\n"
         "        mlflow.log_metric('loss', 1.0 / (step + 1), step=step)\n"
     )
-    env = {**os.environ, **tracker.replica_env(run, rank=1, node="n0")}
+    env = {**os.environ, **{**tracker.attempt_env(run), "MLFLOW_SYSTEM_METRICS_NODE_ID": "n0-rank1"}}
     env["MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"] = "false"  # sampling needs seconds; not here
     subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tmp_path, timeout=120)
     history = MlflowClient(server.uri).get_metric_history(run.run_id, "loss")
     assert [m.step for m in history] == [0, 1, 2, 3, 4]
     assert history[-1].value == pytest.approx(0.2)
-    assert tracker.replica_env(run, 1, "n0")["MLFLOW_SYSTEM_METRICS_NODE_ID"] == "n0-rank1"
 
 
 def test_twelve_jobs_logging_at_once_lose_no_metric(server, tmp_path):
@@ -94,7 +93,7 @@ def test_twelve_jobs_logging_at_once_lose_no_metric(server, tmp_path):
     )
 
     def replica(run) -> int:
-        env = {**os.environ, **tracker.replica_env(run, rank=0, node="n0")}
+        env = {**os.environ, **tracker.attempt_env(run)}
         env["MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"] = "false"
         return subprocess.run([sys.executable, "-c", code], env=env, timeout=300).returncode
 

@@ -30,6 +30,7 @@ RUNTIME_ENV = frozenset(
     {"CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}
     | {"NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
     | {"BERTH_JOB_ID", "BERTH_ATTEMPT", "BERTH_NODE", "BERTH_GPU_SHARE"}
+    | {"MLFLOW_SYSTEM_METRICS_NODE_ID"}
 )
 
 JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
@@ -225,6 +226,8 @@ def replica_env(launch: Launch, rep: ReplicaHandle) -> dict[str, str]:
         "BERTH_JOB_ID": launch.job_id,
         "BERTH_ATTEMPT": str(launch.attempt),
         "BERTH_NODE": rep.node_name,
+        # MLflow's system metrics (when the job tracks a run) tell a gang's ranks apart by it.
+        "MLFLOW_SYSTEM_METRICS_NODE_ID": f"{rep.node_name}-rank{rep.rank}",
     }
     if rep.share:
         env["BERTH_GPU_SHARE"] = f"{rep.share / GPU_UNIT:g}"  # e.g. 0.25 of its one GPU

@@ -8,9 +8,10 @@
 The platform writes what it knows: params (team, shape, topology, priority, environment or
 image, placement), tags (the Airflow coordinates and a link back to the task), and metrics it
 measures (queue wait, run time, exit status, preemptions). The training code writes its own
-metrics and models with plain `mlflow` calls: `replica_env` gives each replica the tracking URI
+metrics and models with plain `mlflow` calls: `attempt_env` gives each replica the tracking URI
 and the attempt's run id (`MLFLOW_RUN_ID`, which `mlflow.start_run()` resumes), and turns on
-MLflow's system metrics with one node id per rank, so a gang's ranks are told apart.
+MLflow's system metrics (the runtime names each rank's node id, so a gang's ranks are told
+apart).
 
 Runs are found again by tags, so a task that resumes after a restart reuses its runs instead of
 creating new ones. Writes after the job ran go through the spool (see `spool.py`) when the
@@ -110,14 +111,15 @@ class JobTracker:
             ) from e
         return AttemptRun(exp_id, parent, run_id, attempt)
 
-    def replica_env(self, run: AttemptRun, rank: int, node: str) -> dict[str, str]:
-        """What a replica needs so that plain `mlflow` calls land on the attempt's run."""
+    def attempt_env(self, run: AttemptRun) -> dict[str, str]:
+        """What every replica needs so that plain `mlflow` calls land on the attempt's run
+        (`mlflow.start_run()` resumes MLFLOW_RUN_ID). The runtime adds a per-rank
+        MLFLOW_SYSTEM_METRICS_NODE_ID, so a gang's system metrics are told apart."""
         return {
             "MLFLOW_TRACKING_URI": self.tracking_uri,
             "MLFLOW_EXPERIMENT_ID": run.experiment_id,
             "MLFLOW_RUN_ID": run.run_id,
             "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "true",
-            "MLFLOW_SYSTEM_METRICS_NODE_ID": f"{node}-rank{rank}",
         }
 
     # -- after a run: these may wait for the server (spooled) ------------------------------

@@ -1,0 +1,34 @@
+"""`berth_job`: launch any GPU job from Airflow's trigger form or the REST API.
+
+Every JobSpec field a UI user needs is a Param (operators.params), so a job can be launched from
+"Trigger DAG" or with
+
+    curl -X POST $AIRFLOW/api/v2/dags/berth_job/dagRuns -H "Authorization: Bearer $TOKEN" \\
+         -H 'Content-Type: application/json' \\
+         -d '{"logical_date": null, "conf": {"name": "train-a", "team": "vision", "replicas": 2}}'
+
+The lifecycle (validate, environment, data, run, artifacts, cleanup) is `gpu_job` reading the
+run's params; a bad form fails the validate task with every field and its fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from airflow.sdk import DAG
+
+from operators import FROM_PARAMS, gpu_job, job_params
+from operators.context import settings
+
+TRAIN = str(Path(__file__).parent / "training" / "train_mlp.py")
+
+with DAG(
+    dag_id="berth_job",
+    schedule=None,
+    catchup=False,
+    tags=["berth"],
+    params=job_params(sorted(settings().teams()), ["python", TRAIN, "--epochs", "10"]),
+    doc_md=__doc__,
+    max_active_runs=16,
+) as dag:
+    gpu_job(FROM_PARAMS, group_id="job")

@@ -1,0 +1,68 @@
+"""A lifecycle task's job: its spec (from the DAG or the run's params) and its store id.
+
+The job id is derived from where the run task sits (dag_id, run_id, the run task's id, map
+index), never drawn at random: a task resumed after a worker or triggerer restart, a retry, and
+the collect and cleanup steps of the same group all compute the same id and find the same job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from operators.params import FROM_PARAMS, spec_from_params
+from scheduling.spec import JobSpec, SpecError, check_spec, parse_spec
+
+SpecArg = Mapping[str, Any] | str
+
+
+def raw_spec(spec: SpecArg, context: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec mapping a task was given, or the run's params when it was told FROM_PARAMS."""
+    if isinstance(spec, str):
+        if spec != FROM_PARAMS:
+            raise AirflowFailException(
+                f"spec: a string spec must be {FROM_PARAMS!r} (read the run's params), got "
+                f"{spec[:60]!r}; pass a mapping of JobSpec fields instead"
+            )
+        return spec_from_params(context.get("params") or {})
+    return dict(spec)
+
+
+def resolve_spec(spec: SpecArg, context: Mapping[str, Any], *, cluster=None, teams=None) -> JobSpec:
+    """Parse (and, given the cluster and teams, check) the spec; a bad one fails the task with
+    no retry (AirflowFailException), every problem named with its field and fix."""
+    try:
+        parsed = parse_spec(raw_spec(spec, context))
+        if cluster is not None and teams is not None:
+            problem = check_spec(parsed, cluster, teams)
+            if problem is not None:
+                raise problem
+    except SpecError as e:
+        raise AirflowFailException(f"the job spec cannot run:\n{e}") from None
+    return parsed
+
+
+def job_id_for(context: Mapping[str, Any], run_task_id: str, name: str) -> str:
+    """`<name>-<12 hex>` from dag_id, run_id, the run task's id and map index."""
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", -1)
+    key = "\0".join([ti.dag_id, ti.run_id, run_task_id, str(map_index)])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    slug = re.sub(r"[^a-z0-9-]+", "-", str(name).lower()).strip("-")[:40] or "job"
+    return f"{slug}-{digest}"
+
+
+def labels_for(context: Mapping[str, Any], run_task_id: str) -> dict[str, str]:
+    """Where the job came from, for on-call reading the store."""
+    ti = context["ti"]
+    return {
+        "dag_id": ti.dag_id,
+        "run_id": ti.run_id,
+        "task_id": run_task_id,
+        "map_index": str(getattr(ti, "map_index", -1)),
+        "try_number": str(ti.try_number),
+    }

@@ -1,0 +1,143 @@
+"""The lifecycle's other steps around the run task: validate, prepare, stage, collect, cleanup.
+
+Each is a small operator over a plain function (operators.environment, operators.staging), so
+the function is testable without Airflow and the operator only adds Airflow's semantics: which
+errors fail without a retry, what goes to XCom, which trigger rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context, TriggerRule
+from airflow.sdk.exceptions import AirflowFailException
+
+from operators.context import settings
+from operators.environment import EnvironmentBuildError, prepare_environment
+from operators.job import SpecArg, job_id_for, raw_spec, resolve_spec
+from operators.run import release_job
+from operators.staging import StagingError, collect_attempt, stage_inputs
+from scheduling.store import UnknownJobError
+
+
+class _SpecStep(BaseOperator):
+    """A lifecycle step that reads the job spec (a mapping, or "params")."""
+
+    template_fields = ("spec",)
+    ui_color = "#e8f1fb"
+
+    def __init__(self, *, spec: SpecArg, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+
+
+class ValidateSpecOperator(_SpecStep):
+    """Fail at once, without retries and before anything is queued, on a spec that cannot run.
+
+    Checks the fields (parse_spec) and what only the cluster and teams can tell (check_spec):
+    every problem is in the task log with its field and fix.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs["retries"] = 0
+        super().__init__(**kwargs)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        s = settings()
+        spec = resolve_spec(self.spec, context, cluster=s.cluster(), teams=s.teams())
+        self.log.info(
+            "spec ok: %s for team %s, %d x %g GPU(s)",
+            spec.name,
+            spec.team,
+            spec.replicas,
+            spec.gpus_per_replica,
+        )
+        return {"name": spec.name, "team": spec.team}
+
+
+class PrepareEnvironmentOperator(_SpecStep):
+    """Build (or find) the job's virtualenv; XCom: where its `python` is."""
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        spec = resolve_spec(self.spec, context)
+        try:
+            prepared = prepare_environment(spec, settings().envs_dir)
+        except EnvironmentBuildError as e:  # a bad requirement does not get better by retrying
+            raise AirflowFailException(str(e)) from None
+        self.log.info("environment: %s (%s)", prepared.python, prepared.kind)
+        return prepared.to_dict()
+
+
+class StageDataOperator(_SpecStep):
+    """Copy the job's inputs into the content-addressed cache; XCom: the replicas' variables."""
+
+    def execute(self, context: Context) -> dict[str, str]:
+        spec = resolve_spec(self.spec, context)
+        try:
+            return stage_inputs(spec.inputs, settings().data_dir, self.log)
+        except StagingError as e:  # checked before any download: nothing to retry
+            raise AirflowFailException(str(e)) from None
+
+
+class _JobStep(_SpecStep):
+    """A step after the run: finds the run task's job by the same derived id."""
+
+    def __init__(self, *, run_task_id: str, **kwargs: Any) -> None:
+        kwargs.setdefault("trigger_rule", TriggerRule.ALL_DONE)
+        super().__init__(**kwargs)
+        self.run_task_id = run_task_id
+
+    def _job_id(self, context: Context) -> str:
+        name = raw_spec(self.spec, context).get("name") or "job"
+        return job_id_for(context, self.run_task_id, str(name))
+
+
+class CollectArtifactsOperator(_JobStep):
+    """Copy each attempt's artifacts to `$BERTH_HOME/artifacts/<job>/<attempt>/`.
+
+    Runs after a failed run too (ALL_DONE): a failed attempt's partial outputs are evidence.
+    A declared artifact missing from the attempt that succeeded fails the task: the job
+    promised it. XCom: per attempt, where the artifacts went and what was missing.
+    """
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        s = settings()
+        job_id = self._job_id(context)
+        try:
+            st = s.store().status(job_id)
+        except UnknownJobError:
+            self.log.info("job %s was never submitted; nothing to collect", job_id)
+            return {"job_id": job_id, "attempts": {}}
+        artifacts = st.spec.artifacts
+        out: dict[str, Any] = {}
+        for attempt in range(1, st.attempt + 1):
+            workdir = s.workdir(job_id, attempt)
+            if not workdir.is_dir():
+                continue
+            dest = s.artifacts_dir / job_id / str(attempt)
+            self.log.info("attempt %d:", attempt)
+            got = collect_attempt(artifacts, workdir, dest, self.log)
+            copied = [f.path for f in got.files]
+            out[str(attempt)] = {"dest": str(dest), "copied": copied, "missing": got.missing}
+        last = out.get(str(st.attempt))
+        if st.state == "succeeded" and last and last["missing"]:
+            raise AirflowFailException(
+                f"artifacts: {list(last['missing'])} not found in {s.workdir(job_id, st.attempt)} "
+                "after the job succeeded; make the job write them there, or remove them from "
+                "artifacts"
+            )
+        return {"job_id": job_id, "state": st.state, "last_attempt": st.attempt, "attempts": out}
+
+
+class CleanupOperator(_JobStep):
+    """Always last (ALL_DONE): stop any replica still running and release the job's GPUs.
+
+    After a success there is nothing to do; after a failure, a kill or an upstream error it
+    cancels whatever the job still holds in the store, so no GPU stays claimed.
+    """
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        job_id = self._job_id(context)
+        state = release_job(job_id, "cleanup after the run task ended")
+        self.log.info("job %s: %s", job_id, state or "never submitted")
+        return {"job_id": job_id, "state": state}

@@ -1,0 +1,164 @@
+"""The run task's MLflow record: a parent run per job, a nested run per attempt
+(`scheduling.tracking`), opened before the launch and closed when the attempt ends.
+
+Tracking is on when `MLFLOW_TRACKING_URI` is set. A tracking server that cannot be reached
+before a launch (after the MLflow client's own retries) does not stop the job: the attempt runs
+untracked and the task log says so. After the run, the platform's writes wait in a spool until
+the server is back (see scheduling/tracking/spool.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from airflow.sdk import BaseOperatorLink
+from airflow.sdk.execution_time.xcom import XCom
+
+from scheduling.settings import settings
+from scheduling.spec import JobSpec
+from scheduling.store import JobStatus, Store
+from scheduling.tracking import AttemptRun, TrackingError
+
+log = logging.getLogger(__name__)
+
+
+class MlflowRunLink(BaseOperatorLink):
+    """The run task's "MLflow run" button: the latest attempt's run. The task pushes the URL
+    under `xcom_key`; Airflow 3's UI reads it from there (serialized links are XCom links)."""
+
+    name = "MLflow run"
+
+    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        return XCom.get_value(ti_key=ti_key, key=self.xcom_key) or ""
+
+
+def run_url(tracking_uri: str, run: AttemptRun) -> str:
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{run.experiment_id}/runs/{run.run_id}"
+
+
+def open_attempt(
+    context: Mapping[str, Any], spec: JobSpec, status: JobStatus, attempt: int
+) -> tuple[AttemptRun | None, dict[str, str]]:
+    """The attempt's run and the replicas' MLflow variables; (None, {}) when not tracked."""
+    tracker = settings().tracker()
+    if tracker is None:
+        return None, {}
+    ti = context["ti"]
+    try:
+        run = tracker.open_attempt(
+            job_id=status.id,
+            job_name=spec.name,
+            experiment=spec.experiment or ti.dag_id,
+            attempt=attempt,
+            params=_params(spec, status, attempt),
+            tags=_tags(context, status),
+        )
+    except TrackingError as e:
+        log.warning("attempt %d runs untracked: %s", attempt, e)
+        return None, {}
+    url = run_url(tracker.tracking_uri, run)
+    ti.xcom_push(key=MlflowRunLink().xcom_key, value=url)
+    log.info("MLflow run of attempt %d: %s", attempt, url)
+    return run, tracker.attempt_env(run)
+
+
+def close_attempt(
+    context: Mapping[str, Any],
+    spec: JobSpec,
+    store: Store,
+    job_id: str,
+    attempt: int,
+    outcome: str,
+    *,
+    exit_code: int | None = None,
+    artifacts_dir: Path | None = None,
+    job_over: bool = False,
+) -> None:
+    """Metrics, artifacts and status of the attempt (and of the job when `job_over`)."""
+    tracker = settings().tracker()
+    if tracker is None:
+        return
+    status = store.status(job_id)
+    try:
+        run = tracker.open_attempt(  # finds the runs again (by tags): one source of truth
+            job_id=job_id,
+            job_name=spec.name,
+            experiment=spec.experiment or context["ti"].dag_id,
+            attempt=attempt,
+            params=_params(spec, status, attempt),
+            tags=_tags(context, status),
+        )
+    except TrackingError as e:
+        log.warning("attempt %d: its MLflow run cannot be found now: %s", attempt, e)
+        return
+    metrics = attempt_metrics(store, job_id, attempt)
+    if exit_code is not None:
+        metrics["exit_status"] = exit_code
+    if artifacts_dir is not None and artifacts_dir.is_dir() and any(artifacts_dir.iterdir()):
+        try:
+            tracker.log_artifacts(run, artifacts_dir)
+        except TrackingError as e:
+            log.warning("%s", e)
+    tracker.close_attempt(run, outcome, metrics)
+    if job_over:
+        tracker.close_job(run, outcome, attempts=attempt)
+
+
+def attempt_metrics(store: Store, job_id: str, attempt: int) -> dict[str, float]:
+    """Queue wait (queued -> admitted), run time (started -> ended) and preemptions so far,
+    from the store's audit log."""
+    queued_at = admitted_at = started_at = ended_at = None
+    for ev in store.events(job_id):
+        if ev.type in ("submit", "requeue") and admitted_at is None:
+            queued_at = ev.t
+        if ev.data.get("attempt") != attempt:
+            continue
+        if ev.type == "admit":
+            admitted_at = ev.t
+        elif ev.type == "start":
+            started_at = ev.t
+        elif ev.type in ("finish", "fail", "preempt", "lost", "cancel"):
+            ended_at = ev.t
+    out: dict[str, float] = {"preemptions": float(store.status(job_id).preemptions)}
+    if queued_at is not None and admitted_at is not None:
+        out["queue_wait_s"] = admitted_at - queued_at
+    if started_at is not None and ended_at is not None:
+        out["run_s"] = ended_at - started_at
+    return out
+
+
+def _params(spec: JobSpec, status: JobStatus, attempt: int) -> dict[str, Any]:
+    env = spec.image or ("requirements: " + ", ".join(spec.environment.requirements or ("-",)))
+    return {
+        "team": spec.team,
+        "replicas": spec.replicas,
+        "gpus_per_replica": spec.gpus_per_replica,
+        "cpus_per_replica": spec.cpus_per_replica,
+        "memory_gb_per_replica": spec.memory_gb_per_replica,
+        "topology": spec.topology,
+        "priority": spec.priority,
+        "environment": env,
+        "placement": " ".join(f"{r.node}:{list(r.gpus)}" for r in status.placement),
+        "placement_level": status.level or "",
+        "attempt": attempt,
+    }
+
+
+def _tags(context: Mapping[str, Any], status: JobStatus) -> dict[str, str]:
+    ti = context["ti"]
+    base = settings().airflow_url
+    link = (
+        f"{base}/dags/{quote(ti.dag_id)}/runs/{quote(ti.run_id, safe='')}/tasks/{quote(ti.task_id)}"
+    )
+    return {
+        "airflow.dag_id": ti.dag_id,
+        "airflow.run_id": ti.run_id,
+        "airflow.task_id": ti.task_id,
+        "airflow.try_number": str(ti.try_number),
+        "airflow.task_url": link,
+        "berth.team": status.team,
+    }

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Airflow for this project, the embedded default: `airflow standalone` (SQLite, LocalExecutor,
+# api-server, scheduler, DAG processor, triggerer) on this repo's dags/ and plugins/, with Berth's
+# store and files under .berth/ (git-ignored). Team pools are synced once it is up, and the
+# admin user and password are printed at the end. Ctrl-C stops everything.
+# Usage: scripts/airflow.sh   (AIRFLOW_PORT=8080, BERTH_ADMIN_PASSWORD=berth-admin by default)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+PY="$ROOT/.venv/bin/python"
+[ -x "$PY" ] || { echo "no .venv: run scripts/setup.sh first" >&2; exit 1; }
+
+export BERTH_HOME="${BERTH_HOME:-$ROOT/.berth}"
+export AIRFLOW_HOME="${AIRFLOW_HOME:-$BERTH_HOME/airflow}"
+# `operators` and `scheduling` are imported by DAGs, tasks and triggers from the repo root.
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$ROOT/.venv/bin:$PATH"  # standalone starts its components as `airflow ...`
+PORT="${AIRFLOW_PORT:-8080}"
+USER_NAME=admin
+PASSWORD="${BERTH_ADMIN_PASSWORD:-berth-admin}"
+
+export AIRFLOW__CORE__DAGS_FOLDER="$ROOT/dags"
+export AIRFLOW__CORE__PLUGINS_FOLDER="$ROOT/plugins"
+export AIRFLOW__CORE__LOAD_EXAMPLES=False
+export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="sqlite:///$AIRFLOW_HOME/airflow.db"
+export AIRFLOW__API__PORT="$PORT"
+# Task processes report to the execution API on the same port.
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://localhost:$PORT/execution/"
+export AIRFLOW__CORE__AUTH_MANAGER=airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="$USER_NAME:admin"
+# A passwords file written here: the simple auth manager generates none for a user it lists.
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="$AIRFLOW_HOME/simple_auth_manager_passwords.json"
+
+mkdir -p "$AIRFLOW_HOME" "$ROOT/plugins"
+printf '{"%s": "%s"}\n' "$USER_NAME" "$PASSWORD" > "$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
+chmod 600 "$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
+
+"$ROOT/.venv/bin/airflow" standalone > "$AIRFLOW_HOME/standalone.log" 2>&1 &
+STANDALONE=$!
+trap 'kill "$STANDALONE" 2>/dev/null; wait "$STANDALONE" 2>/dev/null || true' EXIT INT TERM
+
+echo "starting Airflow (log: $AIRFLOW_HOME/standalone.log) ..."
+for _ in $(seq 1 180); do
+  kill -0 "$STANDALONE" 2>/dev/null || { tail -n 40 "$AIRFLOW_HOME/standalone.log"; exit 1; }
+  curl -sf "http://localhost:$PORT/api/v2/monitor/health" > /dev/null && break
+  sleep 1
+done
+curl -sf "http://localhost:$PORT/api/v2/monitor/health" > /dev/null \
+  || { echo "Airflow did not answer on port $PORT in 180 s" >&2; exit 1; }
+
+"$PY" -c 'import sys; from operators.pools import main; main(sys.argv[1:])' --api-url "http://localhost:$PORT" \
+  --username "$USER_NAME" --password "$PASSWORD"
+
+cat <<MSG
+
+Airflow is up: http://localhost:$PORT
+  user:     $USER_NAME
+  password: $PASSWORD
+DAGs: berth_job (launch a job from the trigger form), example_train_pipeline.
+Berth store and files: $BERTH_HOME. Ctrl-C stops Airflow.
+MSG
+wait "$STANDALONE"

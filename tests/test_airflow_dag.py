@@ -1,0 +1,294 @@
+"""The lifecycle under real Airflow 3: `dag.test()` runs every task and (inline) its triggers,
+against a temporary AIRFLOW_HOME (SQLite), a temporary Berth store (SQLite) and the real local
+runtime, whose replicas run the real training code. Team pools are synced against a real
+`airflow api-server`.
+
+Each DAG run happens in a fresh Python process (Airflow reads its configuration once, at
+import), which prints its tasks' states; the store and the files are checked from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from mlflow.tracking import MlflowClient
+from mlflow_server import MlflowServer
+
+from scheduling.config import load_cluster, load_teams
+from scheduling.store import Store
+
+REPO = Path(__file__).resolve().parent.parent
+
+AIRFLOW = Path(sys.executable).parent / "airflow"
+TRAIN = REPO / "dags" / "training" / "train_mlp.py"
+CLUSTER = load_cluster(REPO / "config" / "local-cluster.yaml")
+TEAMS = load_teams(REPO / "config" / "teams.yaml")
+
+DRIVER = """
+import json, runpy, sys
+mod = runpy.run_path(sys.argv[1])
+dag = next(v for v in mod.values() if type(v).__name__ == "DAG")
+dr = dag.test(run_conf=json.loads(sys.argv[2]) or None)
+from airflow.utils.session import create_session
+with create_session() as s:
+    tis = {ti.task_id: [str(ti.state), ti.try_number] for ti in dr.get_task_instances(session=s)}
+print("RESULT " + json.dumps({"state": str(dr.state), "run_id": dr.run_id, "tis": tis}))
+"""
+
+GANG_DAG = f"""
+from airflow.sdk import DAG
+from operators import gpu_job
+
+
+with DAG("t_gang", schedule=None, catchup=False) as dag:
+    gpu_job(
+        {{
+            "name": "gang",
+            "team": "vision",
+            "environment": {{"requirements": ["numpy"]}},
+            "command": ["python", {str(TRAIN)!r}, "--epochs", "5"],
+            "replicas": 2,
+            "gpus_per_replica": 1,
+            "memory_gb_per_replica": 1,
+            "topology": "node",
+            "artifacts": ["outputs/model.npz", "outputs/metrics.json"],
+        }},
+        group_id="train",
+        poll_s=0.5,
+    )
+"""
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    srv = MlflowServer(tmp_path_factory.mktemp("mlflow"))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def airflow_env(
+    tmp_path_factory: pytest.TempPathFactory, mlflow_server: MlflowServer
+) -> Iterator[dict[str, str]]:
+    """A migrated Airflow metadata DB, a DAG folder (the repo's dags/ plus test DAGs), a
+    Berth home, all in a temp dir, and a real MLflow server; the variables a task process
+    needs to find them."""
+    root = tmp_path_factory.mktemp("airflow")
+    dags = root / "dags"
+    shutil.copytree(REPO / "dags", dags, ignore=shutil.ignore_patterns("__pycache__"))
+    (dags / "t_gang.py").write_text(GANG_DAG)
+    home = root / "home"
+    home.mkdir()
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "BERTH_HOME": str(root / "berth"),
+        "MLFLOW_TRACKING_URI": mlflow_server.uri,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    for key in ("BERTH_STORE_URL", "BERTH_CLUSTER", "BERTH_TEAMS"):
+        env.pop(key, None)  # the defaults: config/ of this repo, the store under BERTH_HOME
+    done = subprocess.run(
+        [str(AIRFLOW), "db", "migrate"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    yield env
+
+
+def run_dag(env: dict[str, str], dag_file: str, conf: dict | None = None) -> tuple[dict, str]:
+    """Run one DAG with dag.test() in a fresh process; its result and its whole output."""
+    path = Path(env["AIRFLOW__CORE__DAGS_FOLDER"]) / dag_file
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(path), json.dumps(conf or {})],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = done.stdout + done.stderr
+    assert "RESULT " in out, out[-5000:]
+    return json.loads(out.split("RESULT ", 1)[1].splitlines()[0]), out
+
+
+def store_of(env: dict[str, str]) -> Store:
+    return Store(f"sqlite:///{Path(env['BERTH_HOME']) / 'berth.db'}", CLUSTER, TEAMS)
+
+
+def test_gang_job_runs_the_training_and_succeeds(airflow_env: dict[str, str]) -> None:
+    result, out = run_dag(airflow_env, "t_gang.py")
+    assert result["state"] == "success", out[-5000:]
+    assert all(state == "success" for state, _ in result["tis"].values()), result["tis"]
+    assert result["tis"]["train.run"] == ["success", 1]
+    with store_of(airflow_env) as store:
+        [job] = [j for j in store.jobs() if j.labels.get("dag_id") == "t_gang"]
+        assert job.state == "succeeded" and job.attempt == 1 and job.exit_code == 0
+        assert job.labels["run_id"] == result["run_id"]
+        # A placement on declared GPUs: two replicas, one node (topology: node), distinct GPUs.
+        assert len(job.placement) == 2 and len(job.nodes) == 1
+        node = CLUSTER.by_name[job.nodes[0]]
+        gpus = [g for r in job.placement for g in r.gpus]
+        assert len(set(gpus)) == 2 and all(0 <= g < node.gpus for g in gpus)
+        types = [e.type for e in store.events(job.id)]
+        assert types[:3] == ["submit", "admit", "start"] and types[-1] == "finish"
+    outputs = Path(airflow_env["BERTH_HOME"], "artifacts", job.id, "1", "outputs")
+    metrics = json.loads((outputs / "metrics.json").read_text())
+    assert metrics["world"] == 2 and metrics["accuracy"] > 0.7  # both ranks trained together
+    assert (outputs / "model.npz").stat().st_size > 0
+    # The replicas' lines reached the task log, from both ranks, with their GPUs.
+    assert "[rank 1] rank 1/2 attempt 1" in out and "[rank 0] metrics" in out
+
+
+def test_job_from_params_fails_once_then_succeeds_on_retry(airflow_env: dict[str, str]) -> None:
+    conf = {
+        "name": "retry-demo",
+        "team": "language",
+        "command": ["python", str(TRAIN), "--epochs", "3", "--fail-on-attempt", "1"],
+        "replicas": 2,
+        "gpus_per_replica": 1,
+        "memory_gb_per_replica": 1,
+        "retries": 1,
+        "retry_backoff_s": 1,
+        "artifacts": ["outputs/metrics.json"],
+    }
+    result, out = run_dag(airflow_env, "berth_job.py", conf)
+    assert result["state"] == "success", out[-5000:]
+    assert result["tis"]["job.run"] == ["success", 2]  # the second Airflow try succeeded
+    with store_of(airflow_env) as store:
+        [job] = [j for j in store.jobs() if j.labels.get("run_id") == result["run_id"]]
+        assert job.state == "succeeded" and job.attempt == 2 and job.team == "language"
+        types = [e.type for e in store.events(job.id)]
+        assert types.count("admit") == 2 and types.count("start") == 2
+        assert "fail" in types or "finish" in types
+    arts = Path(airflow_env["BERTH_HOME"], "artifacts", job.id)
+    assert (arts / "2" / "outputs" / "metrics.json").exists()
+    assert not (arts / "1" / "outputs" / "metrics.json").exists()  # attempt 1 died early
+    assert "failing on attempt 1 as asked" in out
+    # MLflow: one parent run for the job, a nested run per attempt, with what each recorded.
+    client = MlflowClient(airflow_env["MLFLOW_TRACKING_URI"])
+    exp = client.get_experiment_by_name("berth_job")  # the DAG id: the spec names none
+    runs = client.search_runs([exp.experiment_id], f"tags.`berth.job_id` = '{job.id}'")
+    [parent] = [r for r in runs if r.data.tags["berth.kind"] == "job"]
+    attempts = {r.data.tags["berth.attempt"]: r for r in runs if r.data.tags["berth.kind"] != "job"}
+    assert sorted(attempts) == ["1", "2"] and parent.info.status == "FINISHED"
+    assert parent.data.metrics["attempts"] == 2
+    first, second = attempts["1"], attempts["2"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in (first, second)} == {parent.info.run_id}
+    assert first.info.status == "FAILED" and first.data.metrics["exit_status"] == 3
+    assert second.info.status == "FINISHED" and second.data.metrics["exit_status"] == 0
+    for run, try_number in ((first, "1"), (second, "2")):
+        assert run.data.params["team"] == "language" and run.data.params["replicas"] == "2"
+        assert run.data.params["placement"].startswith("local-")
+        assert run.data.tags["airflow.dag_id"] == "berth_job"
+        assert run.data.tags["airflow.try_number"] == try_number
+        assert run.data.tags["airflow.task_url"].endswith("/tasks/job.run")
+        assert run.data.metrics["queue_wait_s"] >= 0 and run.data.metrics["run_s"] > 0
+    # The training code's own plain-mlflow metrics and model, and the collected artifacts.
+    assert [m.step for m in client.get_metric_history(second.info.run_id, "accuracy")] == [1, 2, 3]
+    files = {a.path for a in client.list_artifacts(second.info.run_id)}
+    assert {"outputs", "model"} <= files
+    assert [a.path for a in client.list_artifacts(second.info.run_id, "outputs")] == [
+        "outputs/metrics.json"
+    ]
+
+
+def test_bad_spec_fails_validate_at_once_and_queues_nothing(airflow_env: dict[str, str]) -> None:
+    conf = {"name": "bad-job", "gpus_per_replica": 1.5, "command": ["python train.py"]}
+    result, out = run_dag(airflow_env, "berth_job.py", conf)
+    assert result["state"] == "failed"
+    assert result["tis"]["job.validate"] == ["failed", 1]  # no retry
+    assert result["tis"]["job.run"][0] == "upstream_failed"
+    assert "gpus_per_replica: must be a whole number >= 1" in out
+    assert "command[0]: must be the program alone" in out
+    with store_of(airflow_env) as store:
+        assert [j for j in store.jobs() if j.labels.get("run_id") == result["run_id"]] == []
+        assert [j for j in store.jobs() if j.name == "bad-job"] == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sync_pools_against_a_real_api_server(airflow_env: dict[str, str], tmp_path: Path) -> None:
+    from operators.pools import sync_pools
+
+    port = _free_port()
+    passwords = tmp_path / "passwords.json"
+    passwords.write_text(json.dumps({"admin": "test-password"}))
+    env = {
+        **airflow_env,
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+    }
+    log = (tmp_path / "api.log").open("w")
+    server = subprocess.Popen(
+        [str(AIRFLOW), "api-server", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its workers in one group, stopped together below
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, (tmp_path / "api.log").read_text()[-3000:]
+            try:
+                if requests.get(f"{url}/api/v2/monitor/health", timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "api-server did not come up in 120 s"
+            time.sleep(0.5)  # waiting on the server's start, with the deadline above
+
+        assert sync_pools(url, "admin", "test-password", TEAMS, CLUSTER) == {
+            "berth-language": "created",
+            "berth-research": "created",
+            "berth-vision": "created",
+        }
+        token = requests.post(
+            f"{url}/auth/token", json={"username": "admin", "password": "test-password"}
+        ).json()["access_token"]
+        head = {"Authorization": f"Bearer {token}"}
+        pool = requests.get(f"{url}/api/v2/pools/berth-vision", headers=head).json()
+        assert (pool["slots"], pool["include_deferred"]) == (8, True)
+        # Someone shrank a pool by hand: the next sync puts it back, and leaves the rest.
+        shrunk = requests.patch(
+            f"{url}/api/v2/pools/berth-research",
+            headers=head,
+            json={"pool": "berth-research", "slots": 1, "include_deferred": True},
+        )
+        assert shrunk.ok, shrunk.text
+        again = sync_pools(url, "admin", "test-password", TEAMS, CLUSTER)
+        assert again["berth-research"] == "updated" and again["berth-vision"] == "unchanged"
+        pool = requests.get(f"{url}/api/v2/pools/berth-research", headers=head).json()
+        assert pool["slots"] == 2
+
+        from operators.pools import PoolSyncError
+
+        with pytest.raises(PoolSyncError, match="check --username and --password"):
+            sync_pools(url, "admin", "wrong", TEAMS, CLUSTER)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=10)
+        log.close()

@@ -1,0 +1,237 @@
+"""The Airflow side's parts, each alone: triggers' serialization, the retry policy, job ids,
+params -> spec, team pools' sizes, the environment cache and data staging (real venvs, real
+files, real concurrent processes). The whole lifecycle under real Airflow is in
+tests/test_airflow_dag.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from airflow.sdk import RetryAction
+from airflow.sdk.exceptions import AirflowFailException
+from hypothesis import given
+from hypothesis import strategies as st
+
+from operators.environment import env_key, prepare_environment
+from operators.job import job_id_for, resolve_spec
+from operators.params import FROM_PARAMS, job_params, spec_from_params
+from operators.pools import team_pools
+from operators.run import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
+from operators.staging import StagingError, collect_attempt, stage_inputs
+from operators.triggers import AdmissionTrigger, CompletionTrigger
+from scheduling.config import load_cluster, load_teams, parse_teams
+from scheduling.spec import parse_spec
+
+REPO = Path(__file__).resolve().parent.parent
+
+CLUSTER = load_cluster(REPO / "config" / "local-cluster.yaml")
+TEAMS = load_teams(REPO / "config" / "teams.yaml")
+SPEC = {
+    "name": "t",
+    "team": "vision",
+    "environment": {"requirements": []},
+    "command": ["python", "-c", "pass"],
+    "gpus_per_replica": 1,
+}
+
+
+def _roundtrip(trigger):
+    """What the triggerer does: import the class path, build it from the kwargs (via JSON,
+    as they are stored), and serialize again."""
+    path, kwargs = trigger.serialize()
+    module, _, name = path.rpartition(".")
+    cls = getattr(__import__(module, fromlist=[name]), name)
+    again = cls(**json.loads(json.dumps(kwargs)))
+    return (path, kwargs), again.serialize()
+
+
+def test_admission_trigger_serialize_round_trips() -> None:
+    first, second = _roundtrip(AdmissionTrigger("job-1", poll_s=0.5, lease_s=60))
+    assert first == second
+    assert first[0] == "operators.triggers.AdmissionTrigger"
+    assert first[1] == {"job_id": "job-1", "poll_s": 0.5, "lease_s": 60}
+
+
+def test_completion_trigger_serialize_round_trips() -> None:
+    launch = {"runtime": "local", "job_id": "job-1", "attempt": 2, "replicas": [{"rank": 0}]}
+    cursor = {"offsets": {"0": 120}}
+    trigger = CompletionTrigger("job-1", 2, launch, poll_s=1.0, heartbeat_s=5.0, cursor=cursor)
+    first, second = _roundtrip(trigger)
+    assert first == second
+    assert first[1]["launch"] == launch and first[1]["attempt"] == 2
+    assert first[1]["cursor"] == cursor
+
+
+def test_retry_policy_follows_the_spec() -> None:
+    policy = SpecRetryPolicy()
+    failed = JobAttemptFailed("boom", retries=2, backoff_s=7.5)
+    first = policy.evaluate(failed, try_number=1, max_tries=20)
+    assert first.action == RetryAction.RETRY and first.retry_delay.total_seconds() == 7.5
+    assert policy.evaluate(failed, try_number=2, max_tries=20).action == RetryAction.RETRY
+    assert policy.evaluate(failed, try_number=3, max_tries=20).action == RetryAction.FAIL
+    assert policy.evaluate(ValueError("x"), 1, 20).action == RetryAction.DEFAULT
+
+
+def test_run_task_defaults_from_a_spec_known_at_parse_time() -> None:
+    spec = {**SPEC, "replicas": 3, "gpus_per_replica": 0.5, "retries": 4, "retry_backoff_s": 9}
+    got = run_task_defaults(spec)
+    assert got["retries"] == 4 and got["retry_delay"].total_seconds() == 9
+    assert got["pool"] == "berth-vision" and got["pool_slots"] == 2  # 1.5 GPUs rounded up
+    # From params, or unparsable: the ceiling of retries, the policy applies the spec's own.
+    assert run_task_defaults(FROM_PARAMS) == {"retries": 20}
+    assert run_task_defaults({"name": "BAD"}) == {"retries": 20}
+
+
+def _ctx(**over: object) -> dict:
+    ti = SimpleNamespace(dag_id="d", run_id="r1", map_index=-1, try_number=1)
+    for k, v in over.items():
+        setattr(ti, k, v)
+    return {"ti": ti}
+
+
+def test_job_id_is_deterministic_and_tells_runs_apart() -> None:
+    a = job_id_for(_ctx(), "g.run", "train-x")
+    assert a == job_id_for(_ctx(try_number=3), "g.run", "train-x")  # a retry finds its job
+    assert a.startswith("train-x-")
+    others = {
+        job_id_for(_ctx(run_id="r2"), "g.run", "train-x"),
+        job_id_for(_ctx(map_index=0), "g.run", "train-x"),
+        job_id_for(_ctx(), "h.run", "train-x"),
+        job_id_for(_ctx(dag_id="e"), "g.run", "train-x"),
+    }
+    assert a not in others and len(others) == 4
+
+
+def test_params_defaults_make_a_valid_spec_and_conf_overrides() -> None:
+    params = {k: p.value for k, p in job_params(sorted(TEAMS), ["python", "t.py"]).items()}
+    spec = parse_spec(spec_from_params(params))
+    assert spec.environment is not None and spec.image is None and spec.team == "language"
+    conf = {**params, "team": "vision", "replicas": 2, "image": "ghcr.io/o/t:1", "env": {"A": "1"}}
+    spec = parse_spec(spec_from_params(conf))
+    assert (spec.image, spec.environment, spec.replicas, spec.env) == (
+        "ghcr.io/o/t:1",
+        None,
+        2,
+        {"A": "1"},
+    )
+
+
+def test_bad_params_fail_without_retry_naming_the_field() -> None:
+    params = {k: p.value for k, p in job_params(["vision"], ["python"]).items()}
+    with pytest.raises(AirflowFailException) as e:
+        resolve_spec(FROM_PARAMS, {"params": {**params, "replicas": 0, "topology": "rak"}})
+    assert "replicas" in str(e.value) and "did you mean 'rack'" in str(e.value)
+    with pytest.raises(AirflowFailException) as e:  # only the cluster can tell: too big
+        resolve_spec({**SPEC, "gpus_per_replica": 16}, {}, cluster=CLUSTER, teams=TEAMS)
+    assert "replicas: job needs 16 gpus" in str(e.value) and "may hold at most 8" in str(e.value)
+
+
+def test_team_pools_are_each_teams_reach_capped_at_the_cluster() -> None:
+    pools = {p.name: p.slots for p in team_pools(TEAMS, CLUSTER)}
+    # vision: 4 + 4 = 8; language 2 + 2; research 2 + 0 (config/teams.yaml)
+    assert pools == {"berth-vision": 8, "berth-language": 4, "berth-research": 2}
+    unlimited = parse_teams([{"name": "a", "nominal": {"gpus": 6}}])  # no borrowing limit
+    assert [p.slots for p in team_pools(unlimited, CLUSTER)] == [8]  # the cluster has 8
+
+
+@given(
+    st.lists(st.sampled_from(["numpy", "torch==2.3.1", "pandas>=2", "rich"]), unique=True),
+    st.sampled_from([None, "3.11", "3.12"]),
+    st.randoms(),
+)
+def test_env_key_ignores_order_only(reqs: list[str], python: str | None, rnd) -> None:
+    shuffled = list(reqs)
+    rnd.shuffle(shuffled)
+    assert env_key(tuple(reqs), python) == env_key(tuple(shuffled), python)
+    assert env_key(tuple(reqs), python) != env_key((*reqs, "extra-pkg"), python)
+
+
+BUILD = """
+import json, sys
+from pathlib import Path
+from operators.environment import prepare_environment
+from scheduling.spec import parse_spec
+
+spec = parse_spec(json.loads(sys.argv[1]))
+print("RESULT " + json.dumps(prepare_environment(spec, Path(sys.argv[2])).to_dict()))
+"""
+
+
+def test_environment_built_once_for_two_concurrent_tasks(tmp_path: Path) -> None:
+    spec = {**SPEC, "environment": {"requirements": ["numpy"]}}
+    cmd = [sys.executable, "-c", BUILD, json.dumps(spec), str(tmp_path)]
+    procs = [
+        subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
+    texts = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), texts
+    outs = [json.loads(t.split("RESULT ", 1)[1]) for t in texts]
+    assert sum(t.count("built environment") for t in texts) == 1  # one built, one waited
+    assert outs[0] == outs[1] and outs[0]["kind"] == "venv"
+    built = [d for d in tmp_path.iterdir() if d.is_dir()]
+    assert [d.name for d in built] == [outs[0]["key"]]
+    # numpy comes from the platform underneath the venv, and the venv's python runs.
+    check = [outs[0]["python"], "-c", "import numpy, sys; print(sys.prefix)"]
+    assert subprocess.run(check, capture_output=True, text=True).stdout.strip() == str(built[0])
+    # A second call finds it ready and does not rebuild (the ready marker is unchanged).
+    marker = built[0] / ".berth-env.json"
+    before = marker.stat().st_mtime_ns
+    prepare_environment(parse_spec(spec), tmp_path)
+    assert marker.stat().st_mtime_ns == before
+
+
+def test_image_job_runs_in_the_platform_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    spec = parse_spec({**{k: v for k, v in SPEC.items() if k != "environment"}, "image": "o/t:1"})
+    got = prepare_environment(spec, Path("/nonexistent"))
+    assert got.kind == "platform" and got.python == sys.executable
+    assert "no container runtime" in caplog.text
+
+
+def test_bad_requirement_fails_naming_the_field(tmp_path: Path) -> None:
+    from operators.environment import EnvironmentBuildError
+
+    spec = parse_spec({**SPEC, "environment": {"requirements": ["berth-no-such-pkg-x==0.0.1"]}})
+    with pytest.raises(EnvironmentBuildError, match=r"environment.requirements"):
+        prepare_environment(spec, tmp_path)  # pip fails (no such package, or no network)
+    assert not (
+        tmp_path / env_key(spec.environment.requirements, None) / ".berth-env.json"
+    ).exists()
+
+
+def test_stage_data_gives_the_replicas_their_paths(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "a.txt").write_text("hello")
+    single = tmp_path / "one.csv"
+    single.write_text("x,y\n1,2\n")
+    env = stage_inputs([src.as_uri(), single.as_uri()], tmp_path / "cache")
+    assert Path(env["BERTH_INPUT_0"], "sub", "a.txt").read_text() == "hello"
+    assert Path(env["BERTH_INPUT_1"]).read_text() == "x,y\n1,2\n"
+    assert env["BERTH_INPUT_ONE_CSV"] == env["BERTH_INPUT_1"] and env["BERTH_INPUT_COUNT"] == "2"
+    assert stage_inputs([src.as_uri()], tmp_path / "cache")["BERTH_INPUT_0"] == env["BERTH_INPUT_0"]
+
+
+def test_stage_data_names_the_input_that_cannot_be_read(tmp_path: Path) -> None:
+    ok = tmp_path / "ok.txt"
+    ok.write_text("1")
+    with pytest.raises(StagingError, match=r"inputs\[1\] file:///no/such/berth/path"):
+        stage_inputs([ok.as_uri(), "file:///no/such/berth/path"], tmp_path / "cache")
+
+
+def test_collect_artifacts_copies_files_and_folders_and_reports_missing(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "outputs" / "ckpt").mkdir(parents=True)
+    (work / "outputs" / "metrics.json").write_text("{}")
+    (work / "outputs" / "ckpt" / "step1").write_text("w")
+    got = collect_attempt(
+        ["outputs/metrics.json", "outputs/ckpt", "outputs/model.npz"], work, tmp_path / "d"
+    )
+    assert sorted(f.path for f in got.files) == ["outputs/ckpt/step1", "outputs/metrics.json"]
+    assert got.missing == ("outputs/model.npz",)
+    assert (tmp_path / "d" / "outputs" / "ckpt" / "step1").read_text() == "w"
