@@ -74,7 +74,7 @@ def test_a_replica_logs_to_its_attempt_with_plain_mlflow(server, tmp_path):
         "    for step in range(5):\n"
         "        mlflow.log_metric('loss', 1.0 / (step + 1), step=step)\n"
     )
-    env = {**os.environ, **{**tracker.attempt_env(run), "MLFLOW_SYSTEM_METRICS_NODE_ID": "n0-rank1"}}
+    env = {**os.environ, **tracker.attempt_env(run), "MLFLOW_SYSTEM_METRICS_NODE_ID": "n0-rank1"}
     env["MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"] = "false"  # sampling needs seconds; not here
     subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tmp_path, timeout=120)
     history = MlflowClient(server.uri).get_metric_history(run.run_id, "loss")

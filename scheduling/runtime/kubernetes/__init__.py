@@ -3,7 +3,8 @@
 The only package of Berth that imports the kubernetes client. `inventory` discovers the nodes
 Berth may place on, their topology, and what pods that Berth did not create already hold;
 `labels` says which node labels, annotation and taints it reads; `pod_requests` tells what a
-pod holds on its node.
+pod holds on its node; `runtime` runs admitted gangs as pods (`pods` builds their manifests,
+`status` reads their fate).
 """
 
 from scheduling.runtime.kubernetes.inventory import (
@@ -20,6 +21,9 @@ from scheduling.runtime.kubernetes.labels import (
     parse_gpu_groups,
 )
 from scheduling.runtime.kubernetes.pod_requests import pod_request
+from scheduling.runtime.kubernetes.pods import KubeLaunch, KubeReplica, KubeSettings
+from scheduling.runtime.kubernetes.runtime import KubernetesRuntime, LogsUnavailable
+from scheduling.runtime.kubernetes.status import KubeGangStatus, KubeReplicaStatus
 
 __all__ = [
     "BERTH",
@@ -27,6 +31,13 @@ __all__ = [
     "MANAGED_BY",
     "GpuGroupsError",
     "Inventory",
+    "KubeGangStatus",
+    "KubeLaunch",
+    "KubeReplica",
+    "KubeReplicaStatus",
+    "KubeSettings",
+    "KubernetesRuntime",
+    "LogsUnavailable",
     "Toleration",
     "TopologyLabels",
     "discover_cluster",
