@@ -1,19 +1,27 @@
 """Berth's Airflow side: the run operator and its triggers, the lifecycle TaskGroup, team pools.
 
-Import `gpu_job` to describe a GPU job in a DAG; everything else is what it is made of.
+Import `gpu_job` to describe a GPU job in a DAG; everything else is what it is made of. The
+names load lazily, so that `berth pools sync` (operators.cli) does not import Airflow.
 """
 
-from operators.lifecycle import gpu_job, task_id_in
-from operators.params import FROM_PARAMS, job_params
-from operators.pools import pool_name, sync_pools
-from operators.run import BerthRunOperator
+from __future__ import annotations
 
-__all__ = [
-    "FROM_PARAMS",
-    "BerthRunOperator",
-    "gpu_job",
-    "job_params",
-    "pool_name",
-    "sync_pools",
-    "task_id_in",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "gpu_job": "operators.lifecycle",
+    "task_id_in": "operators.lifecycle",
+    "FROM_PARAMS": "operators.params",
+    "job_params": "operators.params",
+    "pool_name": "operators.pools",
+    "sync_pools": "operators.pools",
+    "BerthRunOperator": "operators.run",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'operators' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)

@@ -12,7 +12,6 @@ the same against `airflow standalone` and a Helm-deployed Airflow. Run it as
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -121,20 +120,3 @@ def _check(r: requests.Response, what: str) -> None:
             f"could not {what} a pool: {r.request.method} {r.url} -> {r.status_code} "
             f"{r.text[:300]}; the user needs the Admin role to manage pools"
         )
-
-
-def main(argv: list[str] | None = None) -> None:
-    from operators.context import settings
-
-    p = argparse.ArgumentParser(description="Create or update one Airflow pool per Berth team.")
-    p.add_argument("--api-url", default="http://localhost:8080")
-    p.add_argument("--username", required=True)
-    p.add_argument("--password", required=True)
-    a = p.parse_args(argv)
-    s = settings()
-    for name, what in sync_pools(a.api_url, a.username, a.password, s.teams(), s.cluster()).items():
-        print(f"{name}: {what}")
-
-
-if __name__ == "__main__":
-    main()

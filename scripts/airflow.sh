@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Airflow for this project, the embedded default: `airflow standalone` (SQLite, LocalExecutor,
 # api-server, scheduler, DAG processor, triggerer) on this repo's dags/ and plugins/, with Berth's
-# store and files under .berth/ (git-ignored). Team pools are synced once it is up, and the
-# admin user and password are printed at the end. Ctrl-C stops everything.
-# Usage: scripts/airflow.sh   (AIRFLOW_PORT=8080, BERTH_ADMIN_PASSWORD=berth-admin by default)
+# store and files under $BERTH_HOME (default .berth/, git-ignored). Team pools are synced once it
+# is up, and the admin user and password are printed.
+# Usage: scripts/airflow.sh [run|start|stop]
+#   run    in the foreground; Ctrl-C stops everything (the default)
+#   start  in the background; returns once Airflow answers and the pools are synced
+#   stop   stop what `start` started
+# AIRFLOW_PORT=8080 and BERTH_ADMIN_PASSWORD=berth-admin by default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -32,6 +36,33 @@ export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="$USER_NAME:admin"
 # A passwords file written here: the simple auth manager generates none for a user it lists.
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="$AIRFLOW_HOME/simple_auth_manager_passwords.json"
 
+PIDFILE="$AIRFLOW_HOME/airflow.pid"
+case "${1:-run}" in
+  run) ;;
+  start)
+    mkdir -p "$AIRFLOW_HOME"
+    if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+      echo "Airflow already running (pid $(cat "$PIDFILE")): http://localhost:$PORT"; exit 0
+    fi
+    setsid "$0" run >"$AIRFLOW_HOME/airflow.out" 2>&1 < /dev/null &
+    echo $! >"$PIDFILE"
+    for _ in $(seq 1 300); do
+      grep -q "^Airflow is up" "$AIRFLOW_HOME/airflow.out" 2>/dev/null && { cat "$AIRFLOW_HOME/airflow.out" | sed -n '/^Airflow is up/,$p'; exit 0; }
+      kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { echo "Airflow failed to start:" >&2; tail -n 40 "$AIRFLOW_HOME/airflow.out" >&2; exit 1; }
+      sleep 1
+    done
+    echo "Airflow not up in 300 s; see $AIRFLOW_HOME/airflow.out" >&2; exit 1 ;;
+  stop)
+    if [ -f "$PIDFILE" ]; then
+      kill -TERM -- "-$(cat "$PIDFILE")" 2>/dev/null || true
+      for _ in $(seq 1 30); do kill -0 "$(cat "$PIDFILE")" 2>/dev/null || break; sleep 1; done
+      kill -KILL -- "-$(cat "$PIDFILE")" 2>/dev/null || true
+      rm -f "$PIDFILE"
+    fi
+    echo "Airflow stopped"; exit 0 ;;
+  *) echo "usage: $0 [run|start|stop]" >&2; exit 2 ;;
+esac
+
 mkdir -p "$AIRFLOW_HOME" "$ROOT/plugins"
 printf '{"%s": "%s"}\n' "$USER_NAME" "$PASSWORD" > "$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
 chmod 600 "$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
@@ -49,7 +80,7 @@ done
 curl -sf "http://localhost:$PORT/api/v2/monitor/health" > /dev/null \
   || { echo "Airflow did not answer on port $PORT in 180 s" >&2; exit 1; }
 
-"$PY" -c 'import sys; from operators.pools import main; main(sys.argv[1:])' --api-url "http://localhost:$PORT" \
+"$ROOT/.venv/bin/berth" pools sync --api-url "http://localhost:$PORT" \
   --username "$USER_NAME" --password "$PASSWORD"
 
 cat <<MSG

@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
-# The main job until the Airflow lifecycle lands: replay the public Philly trace (82,247 jobs)
-# on a 512-GPU cluster under three policies, and write a side-by-side report.
-# Usage: scripts/demo.sh [OUT_DIR]   (default: out/philly-512)
+# The main job: set up, start MLflow and Airflow standalone (the embedded default), launch five
+# training jobs through Airflow's REST API, follow them, and print what happened.
+# Usage: scripts/demo.sh        run the demo (Airflow and MLflow keep running afterwards)
+#        scripts/demo.sh stop   stop Airflow and MLflow
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-OUT="${1:-out/philly-512}"
-TRACE_DIR="${BERTH_PHILLY:-../shared/traces/philly}"
-.venv/bin/berth trace import philly "$TRACE_DIR" --gpus 512 --out "$OUT/inputs"
-.venv/bin/berth simulate \
-  --cluster "$OUT/inputs/cluster.yaml" --teams "$OUT/inputs/teams.yaml" \
-  --trace "$OUT/inputs/jobs.csv" --compare fifo,quota-spread,berth --out "$OUT"
-echo "report: $OUT/compare.md and $OUT/<policy>/report.md"
+if [ "${1:-}" != "stop" ]; then
+  scripts/setup.sh
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+exec .venv/bin/python scripts/demo.py "$@"

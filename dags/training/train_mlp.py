@@ -148,11 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         mlflow.start_run()  # resumes MLFLOW_RUN_ID
         if rank == 0:
             mlflow.log_params({"epochs": args.epochs, "hidden": args.hidden, "lr": args.lr})
+    report_every = max(1, args.epochs // 50)  # about 50 lines and metric points per run
     try:
         for epoch in range(1, args.epochs + 1):
             sgd_epoch(params, x_train[shard], y_train[shard], args.lr, rng)
             params = gang.average(params)
-            if rank == 0:
+            if rank == 0 and (epoch % report_every == 0 or epoch == args.epochs):
                 scores = evaluate(params, x_test, y_test)
                 print(f"epoch {epoch} " + json.dumps(scores), flush=True)
                 if tracking:
