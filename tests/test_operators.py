@@ -152,8 +152,9 @@ def test_env_key_ignores_order_only(reqs: list[str], python: str | None, rnd) ->
 
 
 BUILD = """
-import json, sys
+import json, logging, sys
 from pathlib import Path
+logging.basicConfig(level=logging.INFO)  # the "built environment" line is an INFO record
 from operators.environment import prepare_environment
 from scheduling.spec import parse_spec
 
