@@ -60,6 +60,11 @@ def job_params(teams: list[str], default_command: list[str]) -> dict[str, Param]
             [], type="array", items={"type": "string"}, description="Paths the job writes."
         ),
         "env": Param({}, type="object", description="Extra environment, e.g. {SEED: '1'}."),
+        "register_model": Param(
+            None,
+            type=["null", "object"],
+            description="Register the model in MLflow: {name: ..., path: model}.",
+        ),
     }
 
 

@@ -103,6 +103,13 @@ def close_attempt(
             tracker.log_artifacts(run, artifacts_dir)
         except TrackingError as e:
             log.warning("%s", e)
+    if outcome == "succeeded" and spec.register_model is not None:
+        reg = spec.register_model
+        try:
+            version = tracker.register_model(run, reg.name, reg.path)
+            log.info("registered %s version %s from %s", reg.name, version, reg.path)
+        except TrackingError as e:  # the job ran and its record stands; the task log says why
+            log.warning("%s", e)
     tracker.close_attempt(run, outcome, metrics)
     if job_over:
         tracker.close_job(run, outcome, attempts=attempt)

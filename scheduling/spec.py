@@ -55,6 +55,18 @@ class Environment(BaseModel):
     python: Annotated[str, AfterValidator(python_version)] | None = None
 
 
+class ModelRegistration(BaseModel):
+    """Register the model of the job's successful attempt in MLflow's Model Registry: the
+    artifact folder `path` of the attempt's run (what the training code logged there with
+    `mlflow.log_artifact(..., artifact_path=path)`, or a collected artifact) as a new version
+    of the registered model `name`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[str, AfterValidator(non_blank("name the registered model, e.g. 'resnet50'"))]
+    path: Annotated[str, AfterValidator(artifact_path)] = "model"
+
+
 class JobSpec(BaseModel):
     """What an ML engineer asks for; `parse_spec` builds one and explains what is wrong.
 
@@ -72,6 +84,7 @@ class JobSpec(BaseModel):
     - `inputs` are s3://bucket/key, file:///absolute/path or https:// URIs; `artifacts` are
       relative paths that stay inside the working directory.
     - `env` names are shell identifiers, and none that the platform sets (`RESERVED_ENV`).
+    - `register_model` (optional): register the successful attempt's model in MLflow.
 
     Lists arrive as tuples, so that a parsed spec cannot change.
     """
@@ -104,6 +117,7 @@ class JobSpec(BaseModel):
     inputs: tuple[Annotated[str, AfterValidator(input_uri)], ...] = ()
     artifacts: tuple[Annotated[str, AfterValidator(artifact_path)], ...] = ()
     env: dict[Annotated[str, AfterValidator(env_key)], str] = Field(default_factory=dict)
+    register_model: ModelRegistration | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:

@@ -164,6 +164,7 @@ def test_job_from_params_fails_once_then_succeeds_on_retry(airflow_env: dict[str
         "retries": 1,
         "retry_backoff_s": 1,
         "artifacts": ["outputs/metrics.json"],
+        "register_model": {"name": "demo-mlp"},  # the model train_mlp.py logs under "model"
     }
     result, out = run_dag(airflow_env, "berth_job.py", conf)
     assert result["state"] == "success", out[-5000:]
@@ -204,6 +205,9 @@ def test_job_from_params_fails_once_then_succeeds_on_retry(airflow_env: dict[str
     assert [a.path for a in client.list_artifacts(second.info.run_id, "outputs")] == [
         "outputs/metrics.json"
     ]
+    # The successful attempt's model, registered as the job asked.
+    [version] = client.search_model_versions("name = 'demo-mlp'")
+    assert version.run_id == second.info.run_id and version.source.endswith("/model")
 
 
 def test_bad_spec_fails_validate_at_once_and_queues_nothing(airflow_env: dict[str, str]) -> None:

@@ -142,3 +142,20 @@ def test_the_mlflow_folder_does_not_shadow_the_library():
     )
     assert "site-packages" in out.stdout
     assert not (REPO / "mlflow" / "__init__.py").exists()
+
+
+def test_register_model_adds_a_version_per_success_and_names_a_missing_path(server, tmp_path):
+    from scheduling.tracking import TrackingError
+
+    tracker = JobTracker(server.uri, tmp_path / "spool")
+    run = _open(tracker, "job-e", 1)
+    with pytest.raises(TrackingError, match=r"register_model.path: .* no artifacts under 'model'"):
+        tracker.register_model(run, "reg-test", "model")
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "weights.bin").write_bytes(b"\x00" * 64)
+    tracker.client.log_artifacts(run.run_id, str(out), "model")
+    assert tracker.register_model(run, "reg-test", "model") == "1"
+    assert tracker.register_model(run, "reg-test", "model") == "2"  # the name exists: a version
+    [first, *_] = MlflowClient(server.uri).search_model_versions("name = 'reg-test'")
+    assert first.tags["berth.job_id"] == "job-e"

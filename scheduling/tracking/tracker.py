@@ -163,6 +163,33 @@ class JobTracker:
                 "the files are kept there"
             ) from e
 
+    def register_model(self, run: AttemptRun, name: str, path: str) -> str:
+        """A new version of registered model `name` from the attempt run's artifact folder
+        `path` (any files: MLflow's `register_model` insists on a logged MLflow model, the
+        registry itself does not). Returns the version. Raises TrackingError."""
+        source = f"runs:/{run.run_id}/{path}"
+        try:
+            if not self.client.list_artifacts(run.run_id, path):
+                raise TrackingError(
+                    f"register_model.path: the run {run.run_id} has no artifacts under {path!r}; "
+                    "log the model there (mlflow.log_artifact(..., artifact_path=...)) or list "
+                    "it in the job's artifacts"
+                )
+            try:
+                self.client.create_registered_model(name)
+            except MlflowException as e:
+                if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+            version = self.client.create_model_version(
+                name, source, run_id=run.run_id, tags={JOB_TAG: self._job_of(run)}
+            )
+        except MlflowException as e:
+            raise TrackingError(f"registering {source} as {name!r} failed: {e.message}") from e
+        return version.version
+
+    def _job_of(self, run: AttemptRun) -> str:
+        return self.client.get_run(run.run_id).data.tags.get(JOB_TAG, "")
+
     def flush(self) -> int:
         """Replay spooled writes; returns how many went through (0 while the server is away)."""
         try:
