@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -159,3 +160,36 @@ def test_register_model_adds_a_version_per_success_and_names_a_missing_path(serv
     assert tracker.register_model(run, "reg-test", "model") == "2"  # the name exists: a version
     [first, *_] = MlflowClient(server.uri).search_model_versions("name = 'reg-test'")
     assert first.tags["berth.job_id"] == "job-e"
+
+
+def test_a_replica_trains_through_a_server_outage_and_loses_no_metric(tmp_path):
+    srv = MlflowServer(tmp_path / "server")
+    srv.start()
+    try:
+        tracker = JobTracker(srv.uri, tmp_path / "spool")
+        run = _open(tracker, "job-f", 1)
+        code = (
+            "import sys, time, mlflow\n"
+            "with mlflow.start_run():\n"
+            "    for step in range(20):\n"
+            "        mlflow.log_metric('loss', 1.0 / (step + 1), step=step)\n"
+            "        time.sleep(0.25)\n"  # a training step's work, while the server is away
+            "        if step == 3:\n"
+            "            print('step 3', flush=True)\n"
+            "print('trained', flush=True)\n"
+        )
+        env = {**os.environ, **tracker.attempt_env(run)}
+        env["MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"] = "false"
+        replica = subprocess.Popen(
+            [sys.executable, "-c", code], env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True
+        )
+        assert replica.stdout is not None and replica.stdout.readline().strip() == "step 3"
+        srv.stop()  # the server goes away mid-training ...
+        time.sleep(4)  # ... for a few seconds of wall time (what is being tested: an outage)
+        srv.start()
+        out, _ = replica.communicate(timeout=300)
+        assert replica.returncode == 0 and "trained" in out
+        history = MlflowClient(srv.uri).get_metric_history(run.run_id, "loss")
+        assert sorted(m.step for m in history) == list(range(20))
+    finally:
+        srv.stop()

@@ -120,6 +120,10 @@ class JobTracker:
             "MLFLOW_EXPERIMENT_ID": run.experiment_id,
             "MLFLOW_RUN_ID": run.run_id,
             "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "true",
+            # Metrics go out from a background queue: a tracking server that is away for a
+            # while stalls no training step, and the queue (retried by the client) is flushed
+            # when the run ends.
+            "MLFLOW_ENABLE_ASYNC_LOGGING": "true",
         }
 
     # -- after a run: these may wait for the server (spooled) ------------------------------
