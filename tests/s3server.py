@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -89,3 +90,17 @@ def fake_aws_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(name, value)
     for name in ("BERTH_S3_ENDPOINT_URL", "MLFLOW_S3_ENDPOINT_URL", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    """A module's S3 server (moto, over real HTTP)."""
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def aws(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """The S3 server, with fake credentials and no endpoint variables in the environment."""
+    fake_aws_environment(monkeypatch)
+    return s3

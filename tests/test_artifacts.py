@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from s3server import S3Server, fake_aws_environment
+from s3server import S3Server
 
 from scheduling.staging import ArtifactError, ArtifactManifest, collect_artifacts
 
@@ -25,18 +25,6 @@ def write(root: Path, files: dict[str, bytes]) -> None:
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with S3Server() as server:
-        yield server
-
-
-@pytest.fixture
-def aws(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
-    fake_aws_environment(monkeypatch)
-    return s3
 
 
 JOB_OUTPUT = {

@@ -31,7 +31,7 @@ from filelock import FileLock
 from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
-from s3server import S3Server, fake_aws_environment
+from s3server import S3Server
 
 from scheduling.staging import StagedInput, StagedInputs, StagingError, prune, rich_progress, stage
 from scheduling.staging.sources import Throttle, s3_endpoint_url
@@ -154,18 +154,6 @@ def trust(https, monkeypatch: pytest.MonkeyPatch):
     """Trust the test server's certificate, the way an operator trusts a private CA."""
     monkeypatch.setenv("SSL_CERT_FILE", str(https[2]))
     return https[:2]
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with S3Server() as server:
-        yield server
-
-
-@pytest.fixture
-def aws(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
-    fake_aws_environment(monkeypatch)
-    return s3
 
 
 # ---------------------------------------------------------------- file://
