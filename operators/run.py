@@ -222,17 +222,22 @@ class BerthRunOperator(BaseOperator):
             workdir,
         )
         try:
-            launch = runtime.launch(
-                job_id,
-                attempt,
-                spec.command,
-                engine_placement(st, cluster),
-                cluster,
-                env=dict(spec.env),
-                workdir=workdir,
-                extra_env=extra,
-                time_limit_s=spec.time_limit_s,
-            )
+            if s.runtime_kind == "kubernetes":  # the image, team and resources come from the spec
+                launch = runtime.launch_spec(
+                    spec, job_id, attempt, engine_placement(st, cluster), cluster, extra_env=extra
+                )
+            else:
+                launch = runtime.launch(
+                    job_id,
+                    attempt,
+                    spec.command,
+                    engine_placement(st, cluster),
+                    cluster,
+                    env=dict(spec.env),
+                    workdir=workdir,
+                    extra_env=extra,
+                    time_limit_s=spec.time_limit_s,
+                )
         except Exception as e:
             store.finish(job_id, "failed", message=f"launch failed: {e}", attempt=attempt)
             raise JobAttemptFailed(
@@ -263,8 +268,11 @@ class BerthRunOperator(BaseOperator):
         return None
 
     def _platform_env(self, context: Context, spec: JobSpec) -> dict[str, str]:
-        """PATH with the job's environment first, and where the staged inputs are."""
+        """PATH with the job's environment first, and where the staged inputs are (local
+        runtime; on Kubernetes the image is the environment)."""
         s = settings()
+        if s.runtime_kind == "kubernetes":
+            return {}
         ti = context["ti"]
         prepared = ti.xcom_pull(task_ids=self.prepare_task_id) if self.prepare_task_id else None
         if prepared is None:
@@ -310,6 +318,17 @@ class BerthRunOperator(BaseOperator):
         if status in ("preempting", "lost"):
             self._requeue(context, job_id, attempt, launch, status)
             return None
+        if event.get("disposition") == "requeue":  # evicted, node lost, start timeout...
+            store.finish(job_id, "lost", message=event.get("message") or status, attempt=attempt)
+            self.log.warning("job %s attempt %d: %s; back in the queue without a retry",
+                             job_id, attempt, event.get("message"))  # fmt: skip
+            close_attempt(context, spec, store, job_id, attempt, "lost")
+            self._defer_admission(job_id)
+        if event.get("disposition") == "fail":  # bad image or config: retrying cannot help
+            message = event.get("message") or status
+            store.finish(job_id, "failed", message=message, attempt=attempt)
+            close_attempt(context, spec, store, job_id, attempt, "failed", job_over=True)
+            raise AirflowFailException(f"job {job_id} attempt {attempt}: {message}")
         if status == "cancelled":
             s.runtime().stop(s.runtime().launch_from_dict(launch))
             raise AirflowFailException(f"job {job_id} was cancelled: {event.get('message', '')}")

@@ -45,6 +45,11 @@ class ValidateSpecOperator(_SpecStep):
     def execute(self, context: Context) -> dict[str, Any]:
         s = settings()
         spec = resolve_spec(self.spec, context, cluster=s.cluster(), teams=s.teams())
+        if s.runtime_kind == "kubernetes" and spec.image is None:
+            raise AirflowFailException(
+                "image: the Kubernetes runtime runs container images; build the job's "
+                "environment into an image (docker/job-base is a base) and set `image`"
+            )
         self.log.info(
             "spec ok: %s for team %s, %d x %g GPU(s)",
             spec.name,

@@ -115,6 +115,7 @@ class CompletionTrigger(BaseTrigger):
         self.poll_s = poll_s
         self.heartbeat_s = heartbeat_s
         self.cursor = cursor
+        self._said_no_logs = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{type(self).__module__}.{type(self).__qualname__}", {
@@ -142,6 +143,9 @@ class CompletionTrigger(BaseTrigger):
                     reason=gang.reason,
                     message=gang.message,
                     tail=list(gang.log_tail),
+                    # Kubernetes tells a requeue (eviction, node loss) and a hopeless failure
+                    # (bad image) from a failed attempt; the local runtime has no such cases.
+                    disposition=getattr(gang, "disposition", None),
                 )
                 return
             try:
@@ -168,7 +172,13 @@ class CompletionTrigger(BaseTrigger):
         from scheduling.runtime import LogCursor
 
         cursor = LogCursor.from_dict(self.cursor) if self.cursor else None
-        lines, cursor = await asyncio.to_thread(runtime.logs, launch, cursor)
+        try:
+            lines, cursor = await asyncio.to_thread(runtime.logs, launch, cursor)
+        except RuntimeError as e:  # e.g. a kubelet that cannot serve the log (LogsUnavailable)
+            if not self._said_no_logs:
+                self.log.warning("replica logs unavailable: %s", e)
+                self._said_no_logs = True
+            return
         self.cursor = cursor.to_dict()
         for line in lines:
             self.log.info("%s", line)

@@ -11,7 +11,8 @@ and nothing secret is written into a DAG or a trigger's serialized kwargs:
   `postgresql+psycopg://` URL in the cluster shape).
 - `BERTH_CLUSTER`, `BERTH_TEAMS`: cluster and teams YAML (default `config/local-cluster.yaml`
   and `config/teams.yaml` in this repository).
-- `BERTH_RUNTIME`: `local` (the embedded default; the only one so far).
+- `BERTH_RUNTIME`: `local` (the embedded default) or `kubernetes` (pods in each team's
+  namespace; the API server from `KUBECONFIG`, else the in-cluster service account).
 - `MLFLOW_TRACKING_URI`: the MLflow server (unset: jobs are not tracked).
 - `BERTH_AIRFLOW_URL`: the Airflow UI, for links back to a task (default
   `http://localhost:8080`).
@@ -31,11 +32,12 @@ from scheduling.config import load_cluster, load_teams
 from scheduling.quota import Team
 
 if TYPE_CHECKING:
-    from scheduling.runtime import LocalRuntime
+    from scheduling.runtime import Runtime
     from scheduling.store import Store
     from scheduling.tracking import JobTracker
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+RUNTIMES = ("local", "kubernetes")
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,10 @@ class BerthSettings:
         cluster = Path(env.get("BERTH_CLUSTER") or REPO_ROOT / "config" / "local-cluster.yaml")
         teams = Path(env.get("BERTH_TEAMS") or REPO_ROOT / "config" / "teams.yaml")
         kind = env.get("BERTH_RUNTIME") or "local"
-        if kind != "local":
+        if kind not in RUNTIMES:
             raise ValueError(
-                f"BERTH_RUNTIME: only 'local' is available so far, got {kind!r}; unset it"
+                f"BERTH_RUNTIME: must be one of {', '.join(RUNTIMES)}, got {kind!r}; unset it "
+                "for the local runtime"
             )
         tracking = env.get("MLFLOW_TRACKING_URI") or None
         airflow = (env.get("BERTH_AIRFLOW_URL") or "http://localhost:8080").rstrip("/")
@@ -101,7 +104,7 @@ class BerthSettings:
         """One Store (one connection pool) per process and settings."""
         return _store(self)
 
-    def runtime(self) -> LocalRuntime:
+    def runtime(self) -> Runtime:
         return _runtime(self)
 
     def tracker(self) -> JobTracker | None:
@@ -134,7 +137,12 @@ def _store(s: BerthSettings) -> Store:
 
 
 @cache
-def _runtime(s: BerthSettings) -> LocalRuntime:
+def _runtime(s: BerthSettings) -> Runtime:
+    if s.runtime_kind == "kubernetes":  # the kubernetes client loads only then
+        from scheduling.runtime.kubernetes import KubernetesRuntime
+        from scheduling.runtime.kubernetes.connect import api_client
+
+        return KubernetesRuntime(api_client())
     from scheduling.runtime import LocalRuntime
 
     return LocalRuntime(s.runs_dir)
