@@ -114,3 +114,16 @@ def test_philly_bench_first_300_jobs(tmp_path: Path) -> None:
     assert run["events"] >= 2 * 300  # a submit and an outcome for every job
     assert_stats(r["wall_s"], ("median", "min", "max"))
     assert r["meets_target"] is None  # a part of the trace says nothing about the target
+
+
+def test_kube_bench_tiny(tmp_path) -> None:
+    """Engine + Kubernetes runtime on a real API server, tiny: every job goes through."""
+    from bench import kube_bench
+
+    out = tmp_path / "kube.json"
+    report = kube_bench.main(["--nodes", "4", "--jobs", "12", "--teams", "2", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved["result"] == report["result"]
+    result = report["result"]
+    assert result["jobs"] == 12 and result["pods"] >= 12  # gangs have several pods
+    assert result["jobs_admitted_per_s"] > 0 and result["pods_created_per_s"] > 0
