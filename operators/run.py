@@ -101,7 +101,9 @@ def run_task_defaults(spec: SpecArg) -> dict[str, Any]:
         except SpecError:
             parsed = None
     if parsed is None:
-        return {"retries": MAX_RETRIES}
+        # The spec's own retries and backoff apply through SpecRetryPolicy; this delay is for
+        # failures that are not the job's (the platform's, Airflow's), retried soon.
+        return {"retries": MAX_RETRIES, "retry_delay": timedelta(seconds=15)}
     return {
         "retries": parsed.retries,
         "retry_delay": timedelta(seconds=parsed.retry_backoff_s),
@@ -179,6 +181,14 @@ class BerthRunOperator(BaseOperator):
             return self._watch_again(context, store, st)
         elif st.state == "preempting":
             return self._requeue(context, job_id, st.attempt, None, "preempted")
+        # Fast path: one cycle here. A job the cluster has room for launches at once, without
+        # a round trip through the triggerer (seconds saved; and no deferral that a trigger
+        # could answer before Airflow has processed the worker's exit: apache/airflow#72716).
+        store.reap()
+        store.schedule()
+        st = store.status(job_id)
+        if st.state == "admitted" and store.launchable(job_id):
+            return self._launch(context, job_id, st.attempt)
         self._defer_admission(job_id)
         return None
 

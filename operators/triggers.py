@@ -21,6 +21,19 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from operators.context import settings
 from scheduling.store import DEFAULT_LEASE_S, StaleAttemptError, UnknownJobError
 
+# A trigger that fires within seconds of its deferral can race Airflow 3.3's scheduler: the
+# resumed try may already run when the executor's stale "success" of the deferring process is
+# processed, and the scheduler then fails the running try (apache/airflow#72716, #71580).
+# So an event is held back until the trigger is this old; only very quick answers wait.
+MIN_EVENT_AGE_S = 8.0
+
+
+async def _not_before(started: float) -> None:
+    """Wait out the rest of MIN_EVENT_AGE_S since `started` (time.monotonic())."""
+    left = MIN_EVENT_AGE_S - (time.monotonic() - started)
+    if left > 0:
+        await asyncio.sleep(left)
+
 
 class AdmissionTrigger(BaseTrigger):
     """Wait until the job is admitted AND launchable, running the engine cycle itself.
@@ -46,12 +59,14 @@ class AdmissionTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         store = settings().store()
         said = None
+        started = time.monotonic()
         while True:
             await asyncio.to_thread(store.reap, lease_s=self.lease_s)
             report = await asyncio.to_thread(store.schedule)
             st = await asyncio.to_thread(store.status, self.job_id)
             if st.state == "admitted":
                 if await asyncio.to_thread(store.launchable, self.job_id):
+                    await _not_before(started)
                     yield self._event("admitted", attempt=st.attempt)
                     return
                 # Admitted over preempted jobs still stopping: keep the lease while they stop.
@@ -132,10 +147,12 @@ class CompletionTrigger(BaseTrigger):
         store, runtime = s.store(), s.runtime()
         launch = runtime.launch_from_dict(self.launch)
         last_beat = 0.0
+        started = time.monotonic()
         while True:
             gang = await asyncio.to_thread(runtime.poll, launch)
             await self._stream(runtime, launch)
             if gang.state != "running":
+                await _not_before(started)
                 yield self._event(
                     gang.state,
                     exit_code=gang.exit_code,

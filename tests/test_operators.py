@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -83,8 +84,10 @@ def test_run_task_defaults_from_a_spec_known_at_parse_time() -> None:
     assert got["retries"] == 4 and got["retry_delay"].total_seconds() == 9
     assert got["pool"] == "berth-vision" and got["pool_slots"] == 2  # 1.5 GPUs rounded up
     # From params, or unparsable: the ceiling of retries, the policy applies the spec's own.
-    assert run_task_defaults(FROM_PARAMS) == {"retries": 20}
-    assert run_task_defaults({"name": "BAD"}) == {"retries": 20}
+    # Failures that are not the job's (Airflow's, the platform's) are retried after 15 s.
+    form = {"retries": 20, "retry_delay": timedelta(seconds=15)}
+    assert run_task_defaults(FROM_PARAMS) == form
+    assert run_task_defaults({"name": "BAD"}) == form
 
 
 def _ctx(**over: object) -> dict:
