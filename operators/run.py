@@ -17,101 +17,25 @@ triggers report:
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context, RetryDecision, RetryPolicy
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowFailException
 
 from operators.context import settings
 from operators.environment import prepare_environment
 from operators.job import SpecArg, job_id_for, labels_for, resolve_spec
-from operators.pools import pool_name
+from operators.release import engine_placement, release_job
+from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
 from operators.staging import collect_attempt, stage_inputs
 from operators.tracking import MlflowRunLink, close_attempt, open_attempt
 from operators.triggers import AdmissionTrigger, CompletionTrigger
-from scheduling.cluster import Cluster
-from scheduling.jobs import Placement, ReplicaPlacement
-from scheduling.spec import JobSpec, SpecError, parse_spec
-from scheduling.store import DuplicateJobError, JobStatus, UnknownJobError
+from scheduling.spec import JobSpec, SpecError
+from scheduling.store import DuplicateJobError, JobStatus
 
 log = logging.getLogger(__name__)
-MAX_RETRIES = 20  # JobSpec.retries' upper bound: the ceiling when retries come from params
-
-
-class JobAttemptFailed(AirflowException):
-    """One attempt of the job failed; Airflow may retry (see SpecRetryPolicy)."""
-
-    def __init__(self, message: str, *, retries: int, backoff_s: float) -> None:
-        super().__init__(message)
-        self.retries = retries  # the spec's retries
-        self.backoff_s = backoff_s  # the wait before the next try, by the spec
-
-
-class SpecRetryPolicy(RetryPolicy):
-    """Retries as the job spec says, also when the spec is only known at run time (Params).
-
-    Airflow fixes `retries` and `retry_delay` when the DAG is parsed; a job launched from the
-    trigger form tells them only when it runs. The failed attempt's exception carries the
-    spec's retries and backoff, and this policy (evaluated in the worker) applies them.
-    """
-
-    def evaluate(
-        self,
-        exception: BaseException,
-        try_number: int,
-        max_tries: int,
-        context: Context | None = None,
-    ) -> RetryDecision:
-        if not isinstance(exception, JobAttemptFailed):
-            return RetryDecision.default()
-        if try_number > exception.retries:
-            return RetryDecision.fail(f"no retries left ({exception.retries} in the job spec)")
-        delay = timedelta(seconds=exception.backoff_s)
-        return RetryDecision.retry(delay, f"retry {try_number} of {exception.retries}")
-
-    def serialize(self) -> dict[str, Any]:
-        return {}
-
-    @classmethod
-    def deserialize(cls, data: dict[str, Any]) -> SpecRetryPolicy:
-        return cls()
-
-
-def total_gpus(spec: JobSpec) -> int:
-    """Pool slots the run task takes: the gang's GPUs, a share rounded up to one."""
-    return max(1, math.ceil(spec.replicas * spec.gpus_per_replica))
-
-
-def run_task_defaults(spec: SpecArg) -> dict[str, Any]:
-    """Task arguments that follow from a spec known when the DAG is parsed.
-
-    retries and backoff from the spec; the team's pool with one slot per GPU. A spec that does
-    not parse (the validate task will explain it) or one read from params gets the ceiling of
-    retries (the SpecRetryPolicy applies the spec's own) and the default pool: Airflow fixes
-    pool and slots at parse time, before the form is filled in.
-    """
-    parsed = None
-    if not isinstance(spec, str):
-        try:
-            parsed = parse_spec(spec)
-        except SpecError:
-            parsed = None
-    if parsed is None:
-        # The spec's own retries and backoff apply through SpecRetryPolicy; this delay is for
-        # failures that are not the job's (the platform's, Airflow's), retried soon.
-        return {"retries": MAX_RETRIES, "retry_delay": timedelta(seconds=15)}
-    return {
-        "retries": parsed.retries,
-        "retry_delay": timedelta(seconds=parsed.retry_backoff_s),
-        "retry_exponential_backoff": 2.0,
-        "max_retry_delay": timedelta(seconds=parsed.retry_backoff_max_s),
-        "pool": pool_name(parsed.team),
-        "pool_slots": total_gpus(parsed),
-    }
 
 
 class BerthRunOperator(BaseOperator):
@@ -407,28 +331,3 @@ class BerthRunOperator(BaseOperator):
         if self._job_id is None:
             return
         release_job(self._job_id, "task killed")
-
-
-def release_job(job_id: str, why: str) -> str | None:
-    """Stop the job's replicas (if any) and cancel it in the store; its state after, or None."""
-    s = settings()
-    store = s.store()
-    try:
-        st = store.status(job_id)
-    except UnknownJobError:
-        return None
-    if st.attempt and st.state in ("admitted", "running", "preempting"):
-        runtime = s.runtime()
-        handle = runtime.reattach(job_id, st.attempt)
-        if handle is not None:
-            runtime.stop(handle)
-    if not st.terminal:
-        st = store.cancel(job_id, message=why)
-    return st.state
-
-
-def engine_placement(st: JobStatus, cluster: Cluster) -> Placement:
-    """The store's placement (node names) as the engine's (node indices) for the runtime."""
-    by_name = cluster.by_name
-    reps = tuple(ReplicaPlacement(by_name[r.node].index, r.gpus, r.share) for r in st.placement)
-    return Placement(reps, st.level or "cluster")

@@ -15,7 +15,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from operators.context import settings
 from operators.environment import EnvironmentBuildError, prepare_environment
 from operators.job import SpecArg, job_id_for, raw_spec, resolve_spec
-from operators.run import release_job
+from operators.release import release_job
 from operators.staging import StagingError, collect_attempt, stage_inputs
 from scheduling.store import UnknownJobError
 

@@ -22,7 +22,7 @@ from operators.environment import env_key, prepare_environment
 from operators.job import job_id_for, resolve_spec
 from operators.params import FROM_PARAMS, job_params, spec_from_params
 from operators.pools import team_pools
-from operators.run import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
+from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
 from operators.staging import StagingError, collect_attempt, stage_inputs
 from operators.triggers import AdmissionTrigger, CompletionTrigger
 from scheduling.config import load_cluster, load_teams, parse_teams
