@@ -124,6 +124,10 @@ class JobTracker:
             # while stalls no training step, and the queue (retried by the client) is flushed
             # when the run ends.
             "MLFLOW_ENABLE_ASYNC_LOGGING": "true",
+            # ... by one sender per replica (MLflow's default is 10 threads): a dozen replicas
+            # with ten requests each in flight exhausted a SQLite-backed server's connection
+            # pool, and the requests it refused (400) are not retried.
+            "MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE": "1",
         }
 
     # -- after a run: these may wait for the server (spooled) ------------------------------
