@@ -1,13 +1,14 @@
 """Team pools: one Airflow pool per team, `berth-<team>`, as many slots as GPUs it may reach.
 
 The pools mirror the quotas (docs/decisions/0005): a run task takes one slot per GPU of its
-gang, and deferred tasks count (`include_deferred`), so Airflow's Pools page shows each team's
-GPU claims, queued and running. A pool's size is the team's reach (nominal + borrowing limit,
-capped at the cluster), so it never holds back a job the engine could admit: the engine decides.
+gang; deferred tasks do not count (`include_deferred=False`): with them counted, a run task
+whose trigger fired goes to `scheduled`, loses its slot to a new task (apache/airflow#69187)
+and cannot resume to release the GPUs that new task waits for: a deadlock our end-to-end test
+found. A pool's size is the team's reach (nominal + borrowing limit, capped at the cluster).
 
 Synced over Airflow's REST API (`POST /auth/token` for a JWT, then `/api/v2/pools`), so it works
 the same against `airflow standalone` and a Helm-deployed Airflow. Run it as
-`python -m operators.pools --api-url http://localhost:8080 --username admin --password ...`.
+`berth pools sync --api-url http://localhost:8080 --username admin --password ...`.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def sync_pools(
                 "name": pool.name,
                 "slots": pool.slots,
                 "description": pool.description,
-                "include_deferred": True,
+                "include_deferred": False,  # see the module doc: a deadlock otherwise
             }
             url = f"{base}/api/v2/pools/{quote(pool.name, safe='')}"
             got = http.get(url, timeout=timeout_s)
