@@ -1,16 +1,17 @@
 """The run task: submit the job, wait for admission, launch the gang, wait for it to end.
 
-The operator is thin (the waiting lives in `operators.triggers`, the processes in the runtime,
-the decisions in the store's engine cycle), and it is the only place that acts on what the
-triggers report:
+The operator is thin (the waiting and the launch live in `operators.triggers` and
+`operators.launching`, the processes in the runtime, the decisions in the store's engine
+cycle), and it is the only place that acts on how an attempt ended, which the completion
+trigger has already recorded in the store (freeing its GPUs):
 
-- succeeded: `store.finish(succeeded)`, return the job id and attempt;
-- failed (or stopped by someone else, or out of time): `store.finish(failed)`, raise
-  `JobAttemptFailed`; Airflow retries it (`retries` = spec.retries, the spec's backoff), and
-  the next try calls `store.retry` so the job queues again for a new attempt;
-- preempted: stop the replicas, `store.finish(preempted)` (the job keeps its queue place) and
-  defer to admission again: no Airflow retry is used up;
-- lost (the reaper ended the attempt): the store already requeued it; admission again;
+- succeeded: collect the artifacts, close the MLflow run, return the job id and attempt;
+- failed: collect, close, raise `JobAttemptFailed`; Airflow retries it (`retries` =
+  spec.retries, the spec's backoff), and the next try calls `store.retry` so the job queues
+  again for a new attempt; a failure retrying cannot fix (a bad image) raises
+  `AirflowFailException`;
+- preempted, or lost (the reaper ended it, Kubernetes evicted it): back to admission without
+  using a retry (the store keeps its queue place);
 - cancelled, rejected, a spec that can never run: `AirflowFailException`, no retry.
 """
 
@@ -27,10 +28,17 @@ from airflow.sdk.exceptions import AirflowFailException
 from operators.context import settings
 from operators.environment import prepare_environment
 from operators.job import SpecArg, job_id_for, labels_for, resolve_spec
-from operators.release import engine_placement, release_job
+from operators.launching import (
+    Launched,
+    LaunchFailed,
+    LaunchInterrupted,
+    LaunchPlan,
+    launch_attempt,
+)
+from operators.release import release_job
 from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
 from operators.staging import collect_attempt, stage_inputs
-from operators.tracking import MlflowRunLink, close_attempt, open_attempt
+from operators.tracking import MlflowRunLink, TaskRef, close_attempt, push_run_url
 from operators.triggers import AdmissionTrigger, CompletionTrigger
 from scheduling.spec import JobSpec, SpecError
 from scheduling.store import DuplicateJobError, JobStatus
@@ -46,7 +54,9 @@ class BerthRunOperator(BaseOperator):
         `bin_dir`); None prepares it here.
     :param stage_task_id: the task that staged the inputs (its XCom: staged paths); None
         stages them here.
-    :param poll_s: how often the triggers poll the store and the replicas.
+    :param poll_s: how often the triggers poll the replicas, and at least how often the
+        admission trigger's cycle poller runs a cycle (it also runs one whenever the store
+        changes).
     """
 
     template_fields = ("spec",)
@@ -77,7 +87,7 @@ class BerthRunOperator(BaseOperator):
         self.heartbeat_s = heartbeat_s
         self._job_id: str | None = None
 
-    # -- first call: submit and wait for admission ------------------------------------------
+    # -- first call: submit, and launch now or wait for admission -----------------------------
 
     def execute(self, context: Context) -> Any:
         s = settings()
@@ -104,7 +114,8 @@ class BerthRunOperator(BaseOperator):
         elif st.state == "running":  # resumed after the launch: watch it again
             return self._watch_again(context, store, st)
         elif st.state == "preempting":
-            return self._requeue(context, job_id, st.attempt, None, "preempted")
+            return self._requeue(context, job_id, st.attempt, "preempting")
+        plan = self._plan(context, spec)
         # Fast path: one cycle here. A job the cluster has room for launches at once, without
         # a round trip through the triggerer (seconds saved; and no deferral that a trigger
         # could answer before Airflow has processed the worker's exit: apache/airflow#72716).
@@ -112,75 +123,55 @@ class BerthRunOperator(BaseOperator):
         store.schedule()
         st = store.status(job_id)
         if st.state == "admitted" and store.launchable(job_id):
-            return self._launch(context, job_id, st.attempt)
-        self._defer_admission(job_id)
+            try:
+                launched = launch_attempt(plan, job_id, st.attempt)
+            except LaunchFailed as e:
+                raise self._attempt_failed(context, spec, str(e)) from e
+            except LaunchInterrupted as e:
+                self.log.warning("%s", e)
+            else:
+                return self._watch(context, job_id, launched)
+        self._defer_admission(job_id, plan)
         return None
 
-    def _defer_admission(self, job_id: str) -> None:
+    def _plan(self, context: Context, spec: JobSpec) -> LaunchPlan:
+        return LaunchPlan(
+            spec.model_dump(mode="json"), self._platform_env(context, spec), TaskRef.of(context)
+        )
+
+    def _defer_admission(self, job_id: str, plan: LaunchPlan) -> None:
         self.defer(
-            trigger=AdmissionTrigger(job_id, poll_s=self.poll_s),
+            trigger=AdmissionTrigger(job_id, plan.to_dict(), poll_s=self.poll_s),
             method_name="on_admitted",
         )
 
-    # -- admitted: launch the gang and watch it ----------------------------------------------
-
     def on_admitted(self, context: Context, event: Mapping[str, Any]) -> Any:
+        """The admission trigger launched the gang (or found why it could not)."""
         job_id = self._job_id = event["job_id"]
-        s = settings()
-        store = s.store()
+        store = settings().store()
         status = event["status"]
-        if status == "admitted":
-            return self._launch(context, job_id, int(event["attempt"]))
-        if status == "running":
+        if status == "running" and event.get("launch"):
+            launched = Launched(int(event["attempt"]), event["launch"], event.get("mlflow_url"))
+            return self._watch(context, job_id, launched)
+        if status == "running":  # launched by an earlier try of this task
             return self._watch_again(context, store, store.status(job_id))
+        if status == "launch_failed":  # the store has the attempt as failed
+            spec = resolve_spec(self.spec, context)
+            raise self._attempt_failed(context, spec, event.get("message") or "launch failed")
         if status == "preempting":
-            return self._requeue(context, job_id, int(store.status(job_id).attempt), None, status)
+            return self._requeue(context, job_id, int(event["attempt"]), status)
         raise AirflowFailException(f"job {job_id} ended while queued: {status} {event['message']}")
 
-    def _launch(self, context: Context, job_id: str, attempt: int) -> None:
-        s = settings()
-        store, runtime, cluster = s.store(), s.runtime(), s.cluster()
-        spec = resolve_spec(self.spec, context)
-        st = store.status(job_id)
-        workdir = s.workdir(job_id, attempt)
-        workdir.mkdir(parents=True, exist_ok=True)
-        extra = self._platform_env(context, spec)
-        _, tracked = open_attempt(context, spec, st, attempt)
-        extra.update(tracked)
-        self.log.info(
-            "job %s attempt %d: launching %d replica(s) on %s in %s",
-            job_id,
-            attempt,
-            spec.replicas,
-            ", ".join(f"{r.node}:{list(r.gpus)}" for r in st.placement),
-            workdir,
-        )
-        try:
-            if s.runtime_kind == "kubernetes":  # the image, team and resources come from the spec
-                launch = runtime.launch_spec(
-                    spec, job_id, attempt, engine_placement(st, cluster), cluster, extra_env=extra
-                )
-            else:
-                launch = runtime.launch(
-                    job_id,
-                    attempt,
-                    spec.command,
-                    engine_placement(st, cluster),
-                    cluster,
-                    env=dict(spec.env),
-                    workdir=workdir,
-                    extra_env=extra,
-                    time_limit_s=spec.time_limit_s,
-                )
-        except Exception as e:
-            store.finish(job_id, "failed", message=f"launch failed: {e}", attempt=attempt)
-            raise JobAttemptFailed(
-                f"job {job_id} attempt {attempt} could not launch: {e}",
-                retries=spec.retries,
-                backoff_s=spec.backoff_s(max(1, context["ti"].try_number)),
-            ) from e
-        store.mark_started(job_id, attempt)
-        self._defer_completion(job_id, attempt, launch.to_dict())
+    # -- launched: watch the gang -----------------------------------------------------------
+
+    def _watch(self, context: Context, job_id: str, launched: Launched) -> None:
+        push_run_url(context, launched.mlflow_url)
+        self.log.info("job %s attempt %d running", job_id, launched.attempt)
+        self._defer_completion(job_id, launched.attempt, launched.launch)
+
+    def _attempt_failed(self, context: Context, spec: JobSpec, message: str) -> JobAttemptFailed:
+        try_number = max(1, context["ti"].try_number)
+        return JobAttemptFailed(message, retries=spec.retries, backoff_s=spec.backoff_s(try_number))
 
     def _defer_completion(self, job_id: str, attempt: int, launch: dict[str, Any]) -> None:
         self.defer(
@@ -196,7 +187,8 @@ class BerthRunOperator(BaseOperator):
         if launch is None:
             store.finish(st.id, "lost", message="replicas not found after a restart")
             self.log.warning("job %s attempt %d: replicas gone; queued again", st.id, st.attempt)
-            self._defer_admission(st.id)
+            spec = resolve_spec(self.spec, context)
+            self._defer_admission(st.id, self._plan(context, spec))
             return None
         self._defer_completion(st.id, st.attempt, launch.to_dict())
         return None
@@ -223,57 +215,35 @@ class BerthRunOperator(BaseOperator):
     # -- the gang ended, or the store told it to stop -----------------------------------------
 
     def on_completed(self, context: Context, event: Mapping[str, Any]) -> Any:
+        """The attempt ended, and the completion trigger recorded how (`outcome`)."""
         job_id = self._job_id = event["job_id"]
-        attempt, launch = int(event["attempt"]), event["launch"]
+        attempt = int(event["attempt"])
         s = settings()
         store = s.store()
         spec = resolve_spec(self.spec, context)
-        status = event["status"]
+        task = TaskRef.of(context)
+        outcome = event["outcome"]
         for line in event.get("tail") or ():
             self.log.info("%s", line)
-        if status not in ("preempting", "lost"):  # the attempt ran to an end: keep its outputs
-            self._collect(job_id, attempt, spec)
-        artifacts = s.artifacts_dir / job_id / str(attempt)
-        if status == "succeeded":
-            st = store.finish(job_id, "succeeded", exit_code=0, attempt=attempt)
-            self.log.info("job %s attempt %d succeeded", job_id, attempt)
-            close_attempt(
-                context,
-                spec,
-                store,
-                job_id,
-                attempt,
-                "succeeded",
-                exit_code=0,
-                artifacts_dir=artifacts,
-                job_over=True,
-            )
-            return self._result(st)
-        if status in ("preempting", "lost"):
-            self._requeue(context, job_id, attempt, launch, status)
-            return None
-        if event.get("disposition") == "requeue":  # evicted, node lost, start timeout...
-            store.finish(job_id, "lost", message=event.get("message") or status, attempt=attempt)
-            self.log.warning("job %s attempt %d: %s; back in the queue without a retry",
-                             job_id, attempt, event.get("message"))  # fmt: skip
-            close_attempt(context, spec, store, job_id, attempt, "lost")
-            self._defer_admission(job_id)
-        if event.get("disposition") == "fail":  # bad image or config: retrying cannot help
-            message = event.get("message") or status
-            store.finish(job_id, "failed", message=message, attempt=attempt)
-            close_attempt(context, spec, store, job_id, attempt, "failed", job_over=True)
-            raise AirflowFailException(f"job {job_id} attempt {attempt}: {message}")
-        if status == "cancelled":
-            s.runtime().stop(s.runtime().launch_from_dict(launch))
+        if outcome in ("preempted", "lost"):  # back to the queue, no retry used
+            self.log.warning("job %s attempt %d %s (%s); back in the queue without a retry",
+                             job_id, attempt, outcome, event.get("message"))  # fmt: skip
+            close_attempt(task, spec, store, job_id, attempt, outcome)
+            self._defer_admission(job_id, self._plan(context, spec))
+        if outcome == "cancelled":
             raise AirflowFailException(f"job {job_id} was cancelled: {event.get('message', '')}")
-        # failed, or stopped by someone else: this attempt failed; Airflow decides on a retry
-        message = event.get("message") or f"replicas {status}"
-        store.finish(
-            job_id, "failed", exit_code=event.get("exit_code"), message=message, attempt=attempt
-        )
+        self._collect(job_id, attempt, spec)  # the attempt ran to an end: keep its outputs
+        artifacts = s.artifacts_dir / job_id / str(attempt)
+        if outcome == "succeeded":
+            self.log.info("job %s attempt %d succeeded", job_id, attempt)
+            close_attempt(task, spec, store, job_id, attempt, "succeeded", exit_code=0,
+                          artifacts_dir=artifacts, job_over=True)  # fmt: skip
+            return self._result(store.status(job_id))
+        message = event.get("message") or f"replicas {event['status']}"
         try_number = max(1, context["ti"].try_number)
+        hopeless = event.get("disposition") == "fail"  # a bad image or config
         close_attempt(
-            context,
+            task,
             spec,
             store,
             job_id,
@@ -281,30 +251,26 @@ class BerthRunOperator(BaseOperator):
             "failed",
             exit_code=event.get("exit_code"),
             artifacts_dir=artifacts,
-            job_over=try_number > spec.retries,  # no retry left: the job is over
+            job_over=hopeless or try_number > spec.retries,  # no retry left: the job is over
         )
-        raise JobAttemptFailed(
-            f"job {job_id} attempt {attempt} failed: {message}",
-            retries=spec.retries,
-            backoff_s=spec.backoff_s(try_number),
-        )
+        if hopeless:
+            raise AirflowFailException(f"job {job_id} attempt {attempt}: {message}")
+        why = f"job {job_id} attempt {attempt} failed: {message}"
+        raise self._attempt_failed(context, spec, why)
 
-    def _requeue(self, context: Context, job_id: str, attempt: int, launch: Any, why: str) -> None:
-        """Preempted or lost: stop what may still run, queue again without using a retry."""
+    def _requeue(self, context: Context, job_id: str, attempt: int, why: str) -> None:
+        """Chosen as a victim while this task was away: stop what may still run, end the
+        attempt as preempted and queue again without using a retry."""
         s = settings()
         runtime = s.runtime()
-        handle = runtime.launch_from_dict(launch) if launch else runtime.reattach(job_id, attempt)
+        handle = runtime.reattach(job_id, attempt)
         if handle is not None:
             runtime.stop(handle)
         spec = resolve_spec(self.spec, context)
-        if why in ("preempting", "preempted"):
-            s.store().finish(job_id, "preempted", attempt=attempt, message="preempted by Berth")
-            self.log.warning("job %s attempt %d preempted; back in the queue", job_id, attempt)
-            close_attempt(context, spec, s.store(), job_id, attempt, "preempted")
-        else:
-            self.log.warning("job %s attempt %d lost; back in the queue", job_id, attempt)
-            close_attempt(context, spec, s.store(), job_id, attempt, "lost")
-        self._defer_admission(job_id)
+        s.store().finish(job_id, "preempted", attempt=attempt, message="preempted by Berth")
+        self.log.warning("job %s attempt %d %s; back in the queue", job_id, attempt, why)
+        close_attempt(TaskRef.of(context), spec, s.store(), job_id, attempt, "preempted")
+        self._defer_admission(job_id, self._plan(context, spec))
 
     def _collect(self, job_id: str, attempt: int, spec: JobSpec) -> None:
         s = settings()

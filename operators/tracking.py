@@ -5,14 +5,20 @@ Tracking is on when `MLFLOW_TRACKING_URI` is set. A tracking server that cannot 
 before a launch (after the MLflow client's own retries) does not stop the job: the attempt runs
 untracked and the task log says so. After the run, the platform's writes wait in a spool until
 the server is back (see scheduling/tracking/spool.py).
+
+The attempt's task is given as a `TaskRef` (plain data), not as Airflow's context: the
+admission trigger launches attempts too, and a trigger has no task context. `mlflow` loads only
+when a run is opened or closed: every task process parses the DAG file, which imports this
+module, and importing mlflow costs about a second.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
@@ -21,9 +27,35 @@ from airflow.sdk.execution_time.xcom import XCom
 from scheduling.settings import settings
 from scheduling.spec import JobSpec
 from scheduling.store import JobStatus, Store
-from scheduling.tracking import AttemptRun, TrackingError
+
+if TYPE_CHECKING:
+    from scheduling.tracking import AttemptRun
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRef:
+    """The Airflow task instance an attempt belongs to: MLflow's tags and the link back."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    try_number: int
+
+    @classmethod
+    def of(cls, context: Mapping[str, Any]) -> TaskRef:
+        ti = context["ti"]
+        return cls(ti.dag_id, ti.run_id, ti.task_id, int(ti.try_number))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TaskRef:
+        return cls(
+            str(data["dag_id"]), str(data["run_id"]), str(data["task_id"]), int(data["try_number"])
+        )
 
 
 class MlflowRunLink(BaseOperatorLink):
@@ -41,33 +73,40 @@ def run_url(tracking_uri: str, run: AttemptRun) -> str:
 
 
 def open_attempt(
-    context: Mapping[str, Any], spec: JobSpec, status: JobStatus, attempt: int
-) -> tuple[AttemptRun | None, dict[str, str]]:
-    """The attempt's run and the replicas' MLflow variables; (None, {}) when not tracked."""
+    task: TaskRef, spec: JobSpec, status: JobStatus, attempt: int
+) -> tuple[str | None, dict[str, str]]:
+    """The attempt's run address and the replicas' MLflow variables; (None, {}) when not
+    tracked. The caller pushes the address for the task's "MLflow run" link (`push_run_url`)."""
     tracker = settings().tracker()
     if tracker is None:
         return None, {}
-    ti = context["ti"]
+    from scheduling.tracking import TrackingError
+
     try:
         run = tracker.open_attempt(
             job_id=status.id,
             job_name=spec.name,
-            experiment=spec.experiment or ti.dag_id,
+            experiment=spec.experiment or task.dag_id,
             attempt=attempt,
             params=_params(spec, status, attempt),
-            tags=_tags(context, status),
+            tags=_tags(task, status),
         )
     except TrackingError as e:
         log.warning("attempt %d runs untracked: %s", attempt, e)
         return None, {}
     url = run_url(tracker.tracking_uri, run)
-    ti.xcom_push(key=MlflowRunLink().xcom_key, value=url)
     log.info("MLflow run of attempt %d: %s", attempt, url)
-    return run, tracker.attempt_env(run)
+    return url, tracker.attempt_env(run)
+
+
+def push_run_url(context: Mapping[str, Any], url: str | None) -> None:
+    """The "MLflow run" link of the task (Airflow 3's UI reads it from this XCom)."""
+    if url:
+        context["ti"].xcom_push(key=MlflowRunLink().xcom_key, value=url)
 
 
 def close_attempt(
-    context: Mapping[str, Any],
+    task: TaskRef,
     spec: JobSpec,
     store: Store,
     job_id: str,
@@ -82,15 +121,17 @@ def close_attempt(
     tracker = settings().tracker()
     if tracker is None:
         return
+    from scheduling.tracking import TrackingError
+
     status = store.status(job_id)
     try:
         run = tracker.open_attempt(  # finds the runs again (by tags): one source of truth
             job_id=job_id,
             job_name=spec.name,
-            experiment=spec.experiment or context["ti"].dag_id,
+            experiment=spec.experiment or task.dag_id,
             attempt=attempt,
             params=_params(spec, status, attempt),
-            tags=_tags(context, status),
+            tags=_tags(task, status),
         )
     except TrackingError as e:
         log.warning("attempt %d: its MLflow run cannot be found now: %s", attempt, e)
@@ -155,17 +196,17 @@ def _params(spec: JobSpec, status: JobStatus, attempt: int) -> dict[str, Any]:
     }
 
 
-def _tags(context: Mapping[str, Any], status: JobStatus) -> dict[str, str]:
-    ti = context["ti"]
+def _tags(task: TaskRef, status: JobStatus) -> dict[str, str]:
     base = settings().airflow_url
     link = (
-        f"{base}/dags/{quote(ti.dag_id)}/runs/{quote(ti.run_id, safe='')}/tasks/{quote(ti.task_id)}"
+        f"{base}/dags/{quote(task.dag_id)}/runs/{quote(task.run_id, safe='')}"
+        f"/tasks/{quote(task.task_id)}"
     )
     return {
-        "airflow.dag_id": ti.dag_id,
-        "airflow.run_id": ti.run_id,
-        "airflow.task_id": ti.task_id,
-        "airflow.try_number": str(ti.try_number),
+        "airflow.dag_id": task.dag_id,
+        "airflow.run_id": task.run_id,
+        "airflow.task_id": task.task_id,
+        "airflow.try_number": str(task.try_number),
         "airflow.task_url": link,
         "berth.team": status.team,
     }

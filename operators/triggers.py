@@ -1,10 +1,18 @@
-"""The waiting halves of the run task: admission, then completion, each an async trigger.
+"""The waiting halves of the run task: admission and launch, then completion, each an async
+trigger.
 
-Both carry only ids and numbers in their kwargs (what `serialize()` returns is stored in
-Airflow's database); the store URL and paths come from the triggerer's environment
-(`operators.context`), so no credential is written into a trigger row.
+Both carry only plain data in their kwargs (what `serialize()` returns is stored in Airflow's
+database): ids, numbers, and the admission trigger's launch plan (the spec, the replicas'
+platform variables, the task's identity). The store URL and paths come from the triggerer's
+environment (`operators.context`), so no credential is written into a trigger row.
 
-The store and the local runtime are synchronous (SQLAlchemy, /proc), so each call runs in a
+What happens in the triggers rather than in a resumed task, and why: a resumed task waits for
+the scheduler and starts a new task process (seconds). So the admission trigger launches the
+gang itself as soon as the cycle admits the job, and the completion trigger ends the attempt in
+the store (freeing its GPUs, and poking this process's cycle poller) as soon as the gang ends;
+the task resumes afterwards to do what needs Airflow (XCom, retries, artifacts, MLflow).
+
+The store and the runtimes are synchronous (SQLAlchemy, /proc, HTTP), so each call runs in a
 thread (`asyncio.to_thread`) and the triggerer's event loop never blocks on them.
 """
 
@@ -19,12 +27,16 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from operators.context import settings
-from scheduling.store import DEFAULT_LEASE_S, StaleAttemptError, UnknownJobError
+from operators.launching import LaunchFailed, LaunchInterrupted, LaunchPlan, launch_attempt
+from operators.release import release_job
+from scheduling.store import JobStateError, JobStatus, StaleAttemptError, UnknownJobError
+from scheduling.store.poller import CyclePoller
 
 # A trigger that fires within seconds of its deferral can race Airflow 3.3's scheduler: the
 # resumed try may already run when the executor's stale "success" of the deferring process is
 # processed, and the scheduler then fails the running try (apache/airflow#72716, #71580).
-# So an event is held back until the trigger is this old; only very quick answers wait.
+# So an event is held back until the trigger is this old; only very quick answers wait. The
+# work itself (a launch, the end of an attempt) is never held back, only the event.
 MIN_EVENT_AGE_S = 8.0
 
 
@@ -36,59 +48,71 @@ async def _not_before(started: float) -> None:
 
 
 class AdmissionTrigger(BaseTrigger):
-    """Wait until the job is admitted AND launchable, running the engine cycle itself.
+    """Wait until the job is admitted and launchable, then launch it.
 
-    Every poll runs `store.reap()` (a dead worker's GPUs come back) and `store.schedule()`: the
-    engine has no daemon of its own on the embedded default; any number of these triggers may
-    run cycles at once because each cycle is one locked transaction. While its job waits it logs
-    the reason and queue position whenever they change, so the task log says why it waits.
-    Fires `{"status": "admitted", "attempt": n}` or, if the job ended meanwhile (cancelled,
-    rejected), `{"status": <state>, "message": ...}`.
+    The waiting is this process's `CyclePoller` (one engine cycle when the store changed, for
+    all waiting jobs at once; on the embedded default there is no engine daemon). While the job
+    waits the trigger logs its reason and queue position whenever they change, so the task log
+    says why it waits. Once admitted, the trigger launches the gang (`launch_attempt`) and fires
+    `{"status": "running", "attempt": n, "launch": {...}, "mlflow_url": ...}`; a launch that
+    failed fires `launch_failed` (the store has the attempt as failed). A job found running
+    (a launch it did not make) fires `running` without a launch; one that ended meanwhile
+    (cancelled, rejected) or is being preempted fires its state.
     """
 
-    def __init__(self, job_id: str, poll_s: float = 2.0, lease_s: float = DEFAULT_LEASE_S):
+    def __init__(self, job_id: str, plan: dict[str, Any], poll_s: float = 2.0):
         super().__init__()
         self.job_id = job_id
+        self.plan = plan
         self.poll_s = poll_s
-        self.lease_s = lease_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        kwargs = {"job_id": self.job_id, "poll_s": self.poll_s, "lease_s": self.lease_s}
+        kwargs = {"job_id": self.job_id, "plan": self.plan, "poll_s": self.poll_s}
         return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         store = settings().store()
-        said = None
+        poller = CyclePoller.of(store)
+        plan = LaunchPlan.from_dict(self.plan)
         started = time.monotonic()
+        said: list[str] = []
         while True:
-            await asyncio.to_thread(store.reap, lease_s=self.lease_s)
-            report = await asyncio.to_thread(store.schedule)
-            st = await asyncio.to_thread(store.status, self.job_id)
-            if st.state == "admitted":
-                if await asyncio.to_thread(store.launchable, self.job_id):
-                    await _not_before(started)
-                    yield self._event("admitted", attempt=st.attempt)
-                    return
-                # Admitted over preempted jobs still stopping: keep the lease while they stop.
-                await asyncio.to_thread(store.heartbeat, self.job_id)
-                why = f"admitted; waiting for {', '.join(st.waits_for)} to stop"
-            elif st.state == "running":  # a resumed task whose launch already happened
-                yield self._event("running", attempt=st.attempt)
-                return
-            elif st.terminal or st.state == "preempting":
+            st = await poller.wait(
+                self.job_id, poll_s=self.poll_s, on_queued=lambda st: self._say(st, said)
+            )
+            if st.state != "admitted":  # running (launched elsewhere), preempting, or ended
+                await _not_before(started)
                 yield self._event(st.state, attempt=st.attempt, message=st.message or "")
                 return
-            else:
-                why = f"queued: {st.reason_code or 'pending'} {st.reason_message or ''}".strip()
-                if st.position is not None:
-                    why += f" (position {st.position} in team {st.team}'s queue)"
-            if why != said:
-                self.log.info("job %s %s", self.job_id, why)
-                said = why
-            delay = self.poll_s
-            if report.next_wakeup is not None:
-                delay = max(0.05, min(delay, report.next_wakeup - time.time()))
-            await asyncio.sleep(delay)
+            try:
+                launched = await asyncio.to_thread(launch_attempt, plan, self.job_id, st.attempt)
+            except LaunchInterrupted as e:  # requeued: wait again
+                self.log.warning("%s", e)
+                continue
+            except LaunchFailed as e:
+                await _not_before(started)
+                yield self._event("launch_failed", attempt=st.attempt, message=str(e))
+                return
+            self.log.info("job %s attempt %d started", self.job_id, launched.attempt)
+            await _not_before(started)
+            yield self._event(
+                "running",
+                attempt=launched.attempt,
+                launch=launched.launch,
+                mlflow_url=launched.mlflow_url,
+            )
+            return
+
+    def _say(self, st: JobStatus, said: list[str]) -> None:
+        if st.state == "admitted":
+            why = f"admitted; waiting for {', '.join(st.waits_for)} to stop"
+        else:
+            why = f"queued: {st.reason_code or 'pending'} {st.reason_message or ''}".strip()
+            if st.position is not None:
+                why += f" (position {st.position} in team {st.team}'s queue)"
+        if not said or said[-1] != why:
+            self.log.info("job %s %s", self.job_id, why)
+            said[:] = [why]
 
     def _event(self, status: str, **data: Any) -> TriggerEvent:
         # Everything the operator needs travels in the event: dag.test() resumes the task with
@@ -96,22 +120,26 @@ class AdmissionTrigger(BaseTrigger):
         return TriggerEvent({"status": status, "job_id": self.job_id, **data})
 
     async def on_kill(self) -> None:
-        """The user killed the waiting task: take the job out of the queue."""
-        store = settings().store()
-        with contextlib.suppress(UnknownJobError):
-            await asyncio.to_thread(store.cancel, self.job_id, message="task killed by a user")
+        """The user killed the waiting task: take the job out of the queue, and stop its
+        replicas if this trigger had launched them already."""
+        await asyncio.to_thread(release_job, self.job_id, "task killed by a user")
 
 
 class CompletionTrigger(BaseTrigger):
     """Watch a launched attempt until its gang ends (the runtime enforces the time limit) or
-    the store says it is preempted or cancelled.
+    the store says it is preempted or cancelled, and end the attempt in the store at once.
 
     Every poll: the runtime's gang status, the replicas' new log lines into the task log (a
     restarted triggerer streams them again from the cursor it was deferred with), and the
     job's state in the store (a cycle elsewhere may have chosen it as a victim:
     `preempting`, or someone cancelled it). Every `heartbeat_s` it heartbeats the store so the
-    reaper leaves the attempt alone. Fires `{"status": succeeded | failed | stopped |
-    preempting | cancelled | lost, ...}`; the operator acts on it (stop, finish, retry, requeue).
+    reaper leaves the attempt alone.
+
+    When the gang ends, the trigger records it (`Store.finish`: succeeded, failed, or lost for
+    what Kubernetes says to requeue), which frees the GPUs for the next cycle, and pokes this
+    process's cycle poller; a victim's replicas are stopped and the attempt ended as preempted.
+    The event says `outcome`: what the store now holds for the attempt (succeeded, failed,
+    lost, preempted, cancelled); the operator does the rest (artifacts, MLflow, retry, requeue).
     """
 
     def __init__(
@@ -152,17 +180,27 @@ class CompletionTrigger(BaseTrigger):
             gang = await asyncio.to_thread(runtime.poll, launch)
             await self._stream(runtime, launch)
             if gang.state != "running":
+                # Kubernetes tells a requeue (eviction, node loss) and a hopeless failure (bad
+                # image) from a failed attempt; the local runtime has no such cases.
+                disposition = getattr(gang, "disposition", None)
+                if gang.state == "succeeded":
+                    outcome = await self._end(store, "succeeded", exit_code=0)
+                elif disposition == "requeue":
+                    outcome = await self._end(store, "lost", message=gang.message or gang.state)
+                else:
+                    message = gang.message or f"replicas {gang.state}"
+                    kw = {"exit_code": gang.exit_code, "message": message}
+                    outcome = await self._end(store, "failed", **kw)
                 await _not_before(started)
                 yield self._event(
                     gang.state,
+                    outcome=outcome,
                     exit_code=gang.exit_code,
                     rank=gang.failed_rank,
                     reason=gang.reason,
                     message=gang.message,
                     tail=list(gang.log_tail),
-                    # Kubernetes tells a requeue (eviction, node loss) and a hopeless failure
-                    # (bad image) from a failed attempt; the local runtime has no such cases.
-                    disposition=getattr(gang, "disposition", None),
+                    disposition=disposition,
                 )
                 return
             try:
@@ -173,12 +211,35 @@ class CompletionTrigger(BaseTrigger):
                 else:
                     st = await asyncio.to_thread(store.status, self.job_id)
             except StaleAttemptError as e:  # reaped while we were silent: this attempt is over
-                yield self._event("lost", message=str(e))
+                await asyncio.to_thread(runtime.stop, launch)
+                yield self._event("lost", outcome="lost", message=str(e))
                 return
-            if st.state in ("preempting", "cancelled"):
-                yield self._event(st.state, message=st.message or "")
+            if st.state == "preempting":  # a victim: stop, then give the GPUs back
+                await asyncio.to_thread(runtime.stop, launch)
+                outcome = await self._end(store, "preempted", message="preempted by Berth")
+                yield self._event("preempted", outcome=outcome, message=st.message or "")
+                return
+            if st.state == "cancelled":
+                await asyncio.to_thread(runtime.stop, launch)
+                yield self._event("cancelled", outcome="cancelled", message=st.message or "")
                 return
             await asyncio.sleep(self.poll_s)
+
+    async def _end(self, store: Any, outcome: str, **details: Any) -> str:
+        """End the attempt in the store (its GPUs are free for the next cycle) and wake this
+        process's waiting jobs; returns the outcome the store holds (someone else, a cancel
+        or the reaper, may have ended the attempt first)."""
+        try:
+            await asyncio.to_thread(
+                store.finish, self.job_id, outcome, attempt=self.attempt, **details
+            )
+        except StaleAttemptError:  # the reaper ended it and the job moved on
+            return "lost"
+        except JobStateError:  # ended meanwhile: cancelled, say
+            st = await asyncio.to_thread(store.status, self.job_id)
+            return st.outcome or st.state
+        CyclePoller.poke_running(store)
+        return outcome
 
     def _event(self, status: str, **data: Any) -> TriggerEvent:
         ids = {"job_id": self.job_id, "attempt": self.attempt, "launch": self.launch}

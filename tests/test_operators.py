@@ -20,10 +20,12 @@ from hypothesis import strategies as st
 
 from operators.environment import env_key, prepare_environment
 from operators.job import job_id_for, resolve_spec
+from operators.launching import LaunchPlan
 from operators.params import FROM_PARAMS, job_params, spec_from_params
 from operators.pools import team_pools
 from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
 from operators.staging import StagingError, collect_attempt, stage_inputs
+from operators.tracking import TaskRef
 from operators.triggers import AdmissionTrigger, CompletionTrigger
 from scheduling.config import load_cluster, load_teams, parse_teams
 from scheduling.spec import parse_spec
@@ -52,10 +54,16 @@ def _roundtrip(trigger):
 
 
 def test_admission_trigger_serialize_round_trips() -> None:
-    first, second = _roundtrip(AdmissionTrigger("job-1", poll_s=0.5, lease_s=60))
+    task = TaskRef("d", "r1", "g.run", 2)
+    plan = LaunchPlan(parse_spec(SPEC).model_dump(mode="json"), {"PATH": "/env/bin"}, task)
+    first, second = _roundtrip(AdmissionTrigger("job-1", plan.to_dict(), poll_s=0.5))
     assert first == second
     assert first[0] == "operators.triggers.AdmissionTrigger"
-    assert first[1] == {"job_id": "job-1", "poll_s": 0.5, "lease_s": 60}
+    assert first[1] == {"job_id": "job-1", "plan": plan.to_dict(), "poll_s": 0.5}
+    # What the trigger launches from is what the task planned, after the trip through JSON.
+    assert LaunchPlan.from_dict(json.loads(json.dumps(first[1]["plan"]))) == plan
+    # No store URL or credential in the row: only the spec, the replicas' variables, the task.
+    assert set(first[1]["plan"]) == {"spec", "env", "task"}
 
 
 def test_completion_trigger_serialize_round_trips() -> None:

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, func, select, update
 
 from scheduling.cluster import Cluster
 from scheduling.policy import Policy, get_policy
@@ -53,6 +53,7 @@ from scheduling.store.schema import (
     RUNNING,
     STATES,
     TERMINAL,
+    events,
     jobs,
 )
 from scheduling.store.views import (
@@ -255,6 +256,19 @@ class Store:
     def status(self, job_id: str) -> JobStatus:
         with reading(self.engine) as conn:
             return status_from_row(_get(conn, job_id))
+
+    def statuses(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
+        """The known jobs among `job_ids`, in one query (unknown ids are left out)."""
+        q = select(jobs).where(jobs.c.id.in_(list(job_ids)))
+        with reading(self.engine) as conn:
+            return {r["id"]: status_from_row(r) for r in conn.execute(q).mappings()}
+
+    def change_token(self) -> int:
+        """The last event's id. It moves with every submission, admission, start, end,
+        requeue and cancellation (not with heartbeats), so a poller whose token did not move
+        has nothing new to decide, bar time-based changes (`CycleReport.next_wakeup`)."""
+        with reading(self.engine) as conn:
+            return int(conn.execute(select(func.max(events.c.id))).scalar() or 0)
 
     def jobs(self, team: str | None = None, states: Iterable[str] | None = None) -> list[JobStatus]:
         """Jobs in queue order (seq), optionally of one team and in some states."""

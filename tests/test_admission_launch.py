@@ -1,0 +1,162 @@
+"""Admission and launch without a worker: the cycle poller and the run task's triggers,
+driven in an asyncio loop as the triggerer drives them, against a real SQLite store and the
+real local runtime (real replica processes). Airflow's scheduler is not involved: what is
+checked is that freed GPUs reach the next job through the triggers alone.
+
+`poll_s` is an hour in these tests, so nothing here can be woken by the safety-net poll: a
+waiter that wakes was woken by the store's change token or by a poke.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from operators import triggers
+from operators.launching import LaunchPlan, launch_attempt
+from operators.tracking import TaskRef
+from scheduling.settings import settings
+from scheduling.spec import parse_spec
+from scheduling.store import JobStatus, Store
+from scheduling.store.poller import CyclePoller
+
+HOUR = 3600.0
+TASK = TaskRef("d", "r1", "g.run", 1)
+
+
+def _spec(name: str, replicas: int, gpus: int, seconds: float) -> dict[str, Any]:
+    return parse_spec(
+        {
+            "name": name,
+            "team": "vision",
+            "image": "python:3.11",  # the local runtime runs it in the platform's interpreter
+            "command": [sys.executable, "-c", f"import time; time.sleep({seconds})"],
+            "replicas": replicas,
+            "gpus_per_replica": gpus,
+            "cpus_per_replica": 1,
+            "memory_gb_per_replica": 1,
+        }
+    ).model_dump(mode="json")
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
+    """The settings the triggers read (BERTH_HOME in a temp folder, the repo's 2 x 4-GPU
+    cluster and teams); the same Store object the triggers get from settings()."""
+    monkeypatch.setenv("BERTH_HOME", str(tmp_path / "berth"))
+    monkeypatch.delenv("BERTH_STORE_URL", raising=False)
+    monkeypatch.delenv("BERTH_RUNTIME", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    # The hold against Airflow's deferral race (apache/airflow#72716) has no Airflow to race here.
+    monkeypatch.setattr(triggers, "MIN_EVENT_AGE_S", 0.0)
+    s = settings().store()
+    yield s
+    runtime = settings().runtime()
+    for job in s.jobs(states=("running",)):
+        launch = runtime.reattach(job.id, job.attempt)
+        if launch is not None:
+            runtime.stop(launch, grace_s=1)
+
+
+def _submit(store: Store, name: str, replicas: int, gpus: int, seconds: float) -> LaunchPlan:
+    spec = _spec(name, replicas, gpus, seconds)
+    store.submit(parse_spec(spec), job_id=name)
+    return LaunchPlan(spec, {}, TASK)
+
+
+def _run_now(store: Store, name: str, plan: LaunchPlan) -> dict[str, Any]:
+    """What the run task's first cycle does when the cluster has room."""
+    store.schedule()
+    st = store.status(name)
+    assert st.state == "admitted", st
+    return launch_attempt(plan, name, st.attempt).launch
+
+
+async def _first_event(trigger: Any) -> dict[str, Any]:
+    async for event in trigger.run():
+        return dict(event.payload)
+    raise AssertionError("the trigger ended without an event")
+
+
+def test_freed_gpus_start_the_waiting_job_from_the_triggers_alone(store: Store) -> None:
+    big = _submit(store, "big", 2, 4, 1.0)  # all 8 GPUs, for about a second
+    launch = _run_now(store, "big", big)
+    waiting = _submit(store, "next", 1, 4, 0.2)
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        admission = triggers.AdmissionTrigger("next", waiting.to_dict(), poll_s=HOUR)
+        completion = triggers.CompletionTrigger("big", 1, launch, poll_s=0.1, heartbeat_s=HOUR)
+        return await asyncio.gather(_first_event(completion), _first_event(admission))
+
+    ended, started = asyncio.run(asyncio.wait_for(scenario(), 60))
+
+    assert (ended["status"], ended["outcome"]) == ("succeeded", "succeeded")
+    assert started["status"] == "running" and started["attempt"] == 1
+    assert started["launch"]["job_id"] == "next"
+    # The store's history: the big job ended (by the completion trigger, not by a task), then
+    # the waiting job was admitted onto the freed GPUs and started by its admission trigger.
+    kinds = [(e.job_id, e.type) for e in store.events() if e.type in ("finish", "admit", "start")]
+    assert kinds == [
+        ("big", "admit"),
+        ("big", "start"),
+        ("big", "finish"),
+        ("next", "admit"),
+        ("next", "start"),
+    ]
+    assert (store.status("big").state, store.status("big").exit_code) == ("succeeded", 0)
+    # The replicas really run: the runtime sees the waiting job's gang, and it ends well.
+    runtime = settings().runtime()
+    handle = runtime.launch_from_dict(started["launch"])
+    assert runtime.poll(handle).state in ("running", "succeeded")
+
+
+def test_one_cycle_serves_every_waiting_job(store: Store) -> None:
+    holder = _submit(store, "holder", 2, 4, HOUR)
+    _run_now(store, "holder", holder)
+    for i in range(5):
+        _submit(store, f"w{i}", 1, 1, 0.1)
+
+    async def scenario() -> tuple[int, int, list[JobStatus]]:
+        poller = CyclePoller.of(store)
+        seen: dict[str, int] = {}
+
+        def note(st: JobStatus) -> None:
+            seen[st.id] = seen.get(st.id, 0) + 1
+
+        waits = [
+            asyncio.create_task(poller.wait(f"w{i}", poll_s=HOUR, on_queued=note)) for i in range(5)
+        ]
+        # Every waiter has heard its queued status from a cycle: then the token stays still.
+        while len(seen) < 5:
+            await asyncio.sleep(0.05)
+        settled = poller.cycles
+        for _ in range(10):  # ten ticks, nothing changes in the store
+            await asyncio.sleep(poller.tick_s)
+        idle = poller.cycles - settled
+        # Someone in another process cancels the holder: the token moves, a cycle follows.
+        await asyncio.to_thread(store.cancel, "holder", message="test")
+        done = await asyncio.gather(*waits)
+        return settled, idle, done
+
+    settled, idle, done = asyncio.run(asyncio.wait_for(scenario(), 60))
+    # Five waiters, yet a handful of cycles in all (one per change, plus the one after each
+    # admission), and none while nothing changed.
+    assert settled <= 3, settled
+    assert idle == 0
+    assert [st.state for st in done] == ["admitted"] * 5
+    assert {st.id for st in done} == {f"w{i}" for i in range(5)}
+
+
+def test_waiting_for_an_unknown_job_is_an_error_not_a_hang(store: Store) -> None:
+    async def scenario() -> list[BaseException | JobStatus]:
+        poller = CyclePoller.of(store)
+        waits = [poller.wait(name, poll_s=HOUR) for name in ("nobody", "neither")]
+        return await asyncio.gather(*waits, return_exceptions=True)
+
+    got = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert all("never submitted" in str(e) for e in got), got
