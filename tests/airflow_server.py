@@ -1,0 +1,300 @@
+"""A real Airflow 3 deployment for a test: the `airflow standalone` shape, one process each.
+
+`airflow standalone` runs the api-server, scheduler, DAG processor and triggerer as children of
+one process, so a test could not kill the triggerer alone. `AirflowDeployment` starts the same
+four components (LocalExecutor, SQLite metadata database, the simple auth manager with a
+passwords file), configured as scripts/airflow.sh configures them, but each as its own process
+group: `kill("triggerer")` SIGKILLs one whole component (the supervisor and its runner) and
+`start("triggerer")` brings up a fresh one, while the others keep running.
+
+Everything lives under one temp folder (AIRFLOW_HOME, the component logs); `stop()` ends every
+group it started, also after a failed test (use it in a fixture's finalizer), and the logs'
+tails go into assertion messages so a failure says what the components saw.
+
+`AirflowAPI` is the REST API with a JWT from the simple auth manager (`POST /auth/token`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+AIRFLOW = Path(sys.executable).parent / "airflow"
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+# What /api/v2/monitor/health calls each component.
+HEALTH_KEYS = {"scheduler": "scheduler", "dag-processor": "dag_processor", "triggerer": "triggerer"}
+USER = "admin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 1.0) -> Any:
+    """Call `check` until it returns something truthy (returned) or `timeout_s` passes
+    (AssertionError naming `what`). The pause between calls only paces the polling."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:g} s")
+        time.sleep(every_s)
+
+
+class AirflowAPI:
+    """Airflow's REST API (`/api/v2`), logged in as the admin user."""
+
+    def __init__(self, url: str, password: str) -> None:
+        self.url = url
+        self.http = requests.Session()
+        r = self.http.post(
+            f"{url}/auth/token", json={"username": USER, "password": password}, timeout=30
+        )
+        r.raise_for_status()
+        self.http.headers["Authorization"] = f"Bearer {r.json()['access_token']}"
+
+    def call(self, method: str, path: str, **kw: Any) -> Any:
+        r = self.http.request(method, f"{self.url}/api/v2{path}", timeout=60, **kw)
+        if r.status_code >= 400:
+            raise AssertionError(f"{method} /api/v2{path}: {r.status_code} {r.text[:1000]}")
+        return r.json()
+
+    def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None) -> str:
+        """A new run of `dag_id` (now, with `conf`); its run id."""
+        body = {"logical_date": None, "conf": dict(conf or {})}
+        return str(self.call("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"])
+
+    def run_state(self, dag_id: str, run_id: str) -> str:
+        return str(self.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"])
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        got = self.call(
+            "GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 1000}
+        )
+        return list(got["task_instances"])
+
+    def pools(self) -> list[dict[str, Any]]:
+        return list(self.call("GET", "/pools", params={"limit": 1000})["pools"])
+
+    def dag_known(self, dag_id: str) -> bool:
+        r = self.http.get(f"{self.url}/api/v2/dags/{dag_id}", timeout=60)
+        return r.status_code == 200 and not r.json().get("has_import_errors", False)
+
+    def import_errors(self) -> list[dict[str, Any]]:
+        return list(self.call("GET", "/importErrors")["import_errors"])
+
+
+class AirflowDeployment:
+    """The four components on `root`, a DAG folder and a Berth home; see the module docstring.
+
+    :param dags: the DAG folder the DAG processor parses (write the test DAGs there first: the
+        folder is listed at start).
+    :param berth_home: BERTH_HOME for tasks and triggers (store, runs, artifacts).
+    :param extra_env: more variables for every component (e.g. Airflow options).
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        dags: Path,
+        berth_home: Path,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.home = self.root / "airflow-home"
+        self.logs = self.root / "component-logs"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.password = secrets.token_urlsafe(12)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.started: list[subprocess.Popen[bytes]] = []  # every group ever started, to stop
+        self._generation: dict[str, int] = {}
+        self._api: AirflowAPI | None = None
+        plugins = self.root / "plugins"  # none: the repo's plugins are not what is tested here
+        passwords = self.home / "simple_auth_manager_passwords.json"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "BERTH"))}
+        self.env.pop("MLFLOW_TRACKING_URI", None)  # jobs untracked: keeps the deployment light
+        self.env.update(
+            {
+                "AIRFLOW_HOME": str(self.home),
+                "BERTH_HOME": str(berth_home),
+                # Tasks, triggers and DAG files import `operators` and `scheduling` from here.
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+                ),
+                "PATH": f"{AIRFLOW.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+                "AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+                "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+                "AIRFLOW__API__PORT": str(self.port),
+                "AIRFLOW__API__WORKERS": "1",
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+                # Components started apart must sign and check tokens with the same secrets.
+                "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(16),
+                "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+                "AIRFLOW__CORE__AUTH_MANAGER": (
+                    "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+                ),
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+                **dict(extra_env or {}),
+            }
+        )
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        plugins.mkdir(parents=True, exist_ok=True)
+        passwords.write_text(json.dumps({USER: self.password}))
+        passwords.chmod(0o600)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def migrate(self, timeout_s: float = 600) -> None:
+        """Create the metadata database (`airflow db migrate`), once, before any component."""
+        done = subprocess.run(
+            [str(AIRFLOW), "db", "migrate"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+        assert done.returncode == 0, f"airflow db migrate failed:\n{done.stderr[-3000:]}"
+
+    def start(self, component: str) -> subprocess.Popen[bytes]:
+        """Start one component in its own process group; its log goes to `logs/`."""
+        if component not in COMPONENTS:
+            raise ValueError(f"component: one of {', '.join(COMPONENTS)}, got {component!r}")
+        running = self.procs.get(component)
+        if running is not None and running.poll() is None:
+            raise RuntimeError(f"{component} is already running (pid {running.pid})")
+        n = self._generation[component] = self._generation.get(component, 0) + 1
+        args = [str(AIRFLOW), component]
+        if component == "api-server":
+            args += ["--port", str(self.port)]
+        with open(self.logs / f"{component}-{n}.log", "wb") as log:
+            proc = subprocess.Popen(
+                args,
+                env=self.env,
+                cwd=self.root,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its workers and runners in one group, ended together
+            )
+        self.procs[component] = proc
+        self.started.append(proc)
+        return proc
+
+    def start_all(self, timeout_s: float = 300) -> None:
+        """Migrate, start the four components, and wait until the API says all are healthy."""
+        self.migrate(timeout_s)
+        for component in COMPONENTS:
+            self.start(component)
+        self.wait_healthy(COMPONENTS, timeout_s)
+
+    def kill(self, component: str, timeout_s: float = 60) -> None:
+        """SIGKILL the component's whole process group (a crash: no cleanup, no goodbye) and
+        wait until none of its processes is left."""
+        proc = self.procs[component]
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=timeout_s)
+        wait_until(
+            f"{component}'s processes gone", lambda: not _group_alive(proc.pid), timeout_s, 0.2
+        )
+
+    def stop(self) -> None:
+        """End every process group this deployment started: SIGTERM, then SIGKILL."""
+        for proc in self.started:
+            _signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for proc in self.started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for proc in self.started:
+            if _group_alive(proc.pid) or proc.poll() is None:
+                _signal_group(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=10)
+
+    # -- what the deployment says ----------------------------------------------------------
+
+    @property
+    def api(self) -> AirflowAPI:
+        if self._api is None:
+            self._api = AirflowAPI(self.url, self.password)
+        return self._api
+
+    def health(self) -> dict[str, Any] | None:
+        try:
+            r = requests.get(f"{self.url}/api/v2/monitor/health", timeout=10)
+        except requests.RequestException:
+            return None
+        return r.json() if r.ok else None
+
+    def wait_healthy(self, components: tuple[str, ...], timeout_s: float = 300) -> None:
+        """Until `/api/v2/monitor/health` reports each of `components` healthy; fails at once,
+        with its log, if one of them exits."""
+
+        def check() -> bool:
+            self.assert_alive(components)
+            health = self.health()
+            if health is None:
+                return False
+            keys = [HEALTH_KEYS[c] for c in components if c in HEALTH_KEYS]
+            return all((health.get(k) or {}).get("status") == "healthy" for k in keys)
+
+        try:
+            wait_until(f"Airflow components {components} healthy", check, timeout_s)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.log_tails()}") from None
+
+    def assert_alive(self, components: tuple[str, ...] = COMPONENTS) -> None:
+        for c in components:
+            proc = self.procs.get(c)
+            if proc is None or proc.poll() is not None:
+                code = None if proc is None else proc.returncode
+                raise AssertionError(
+                    f"Airflow {c} is not running (exit {code})\n{self.log_tails()}"
+                )
+
+    def log_tails(self, chars: int = 2500) -> str:
+        """The end of every component's log, for an assertion message."""
+        out = []
+        for path in sorted(self.logs.glob("*.log")):
+            text = path.read_text(errors="replace")
+            out.append(f"--- {path.name} ---\n{text[-chars:]}")
+        return "\n".join(out)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
