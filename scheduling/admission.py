@@ -41,9 +41,17 @@ def _fits_when_empty(
 
 
 def check_job(
-    job: Job, cluster: Cluster, teams: Mapping[str, Team], *, quotas: bool = True
+    job: Job,
+    cluster: Cluster,
+    teams: Mapping[str, Team],
+    *,
+    quotas: bool = True,
+    fit: bool = True,
 ) -> Rejection | None:
-    """None if the job could run some day; else a Rejection naming the field to fix."""
+    """None if the job could run some day; else a Rejection naming the field to fix.
+
+    `fit=False` leaves out "fits in the cluster when empty": for a queued job on a discovered
+    cluster, which may shrink for a while (a node NotReady) and grow again."""
     if job.team not in teams:
         known = ", ".join(sorted(teams)) or "none"
         return Rejection("unknown_team", "team", f"unknown team {job.team!r}; known teams: {known}")
@@ -70,7 +78,7 @@ def check_job(
         rejection = _check_quota(job, teams)
         if rejection:
             return rejection
-    if not _fits_when_empty(cluster, job.replicas, job.gpu, job.cpu, job.mem, job.topology):
+    if fit and not _fits_when_empty(cluster, job.replicas, job.gpu, job.cpu, job.mem, job.topology):
         return Rejection(
             "infeasible",
             "replicas" if job.replicas > 1 else "gpus_per_replica",

@@ -132,6 +132,22 @@ class Capacity:
         self.free_mem[i] -= mem
         self._index(i)
 
+    def hold_outside(self, i: int, gpus: int, cpu: int, mem: int) -> int:
+        """Take `gpus` whole free GPUs of node i (the highest indices) and CPU and memory, for
+        work the engine does not schedule (another workload's pods); at most what is free.
+        Returns the GPUs taken. Held GPUs belong to no job, no team and no quota."""
+        free = self.free[i]
+        mask = 0
+        for gpu in range(free.bit_length() - 1, -1, -1):
+            if mask.bit_count() == gpus:
+                break
+            if free >> gpu & 1:
+                mask |= 1 << gpu
+        cpu = max(0, min(cpu, self.free_cpu[i]))
+        mem = max(0, min(mem, self.free_mem[i]))
+        self.take(i, mask, cpu, mem)
+        return mask.bit_count()
+
     def give(self, i: int, mask: int, cpu: int, mem: int) -> None:
         """Return whole GPUs `mask` plus CPU and memory to node i."""
         self._index(i, -1)

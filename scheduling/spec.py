@@ -198,15 +198,22 @@ def parse_spec(data: Mapping[str, Any]) -> JobSpec:
 
 
 def check_spec(
-    spec: JobSpec, cluster: Cluster, teams: Mapping[str, Team], *, quotas: bool = True
+    spec: JobSpec,
+    cluster: Cluster,
+    teams: Mapping[str, Team],
+    *,
+    quotas: bool = True,
+    fit: bool = True,
 ) -> SpecError | None:
     """None if the job could run some day on this cluster; else why not, as a SpecError.
 
     "Some day" is `admission.check_job`'s: on the empty cluster, with the team's whole
     reachable quota (when `quotas`). An unknown team, a topology level the cluster lacks and a
-    job that can never fit come out in the same form as a malformed spec.
+    job that can never fit come out in the same form as a malformed spec. `fit=False` skips the
+    last (a discovered cluster may be smaller now than it will be).
     """
-    rejection = check_job(spec.to_job(spec.name, 0.0), cluster, teams, quotas=quotas)
+    job = spec.to_job(spec.name, 0.0)
+    rejection = check_job(job, cluster, teams, quotas=quotas, fit=fit)
     if rejection is None:
         return None
     return SpecError([SpecProblem(rejection.field, rejection.message)])

@@ -2,7 +2,7 @@
 
 from scheduling.store.database import StoreURLError
 from scheduling.store.schema import LIVE, OUTCOMES, STATES, TERMINAL
-from scheduling.store.store import DEFAULT_LEASE_S, Store
+from scheduling.store.store import DEFAULT_LEASE_S, ClusterView, Store
 from scheduling.store.views import (
     CycleReport,
     DuplicateJobError,
@@ -23,6 +23,7 @@ __all__ = [
     "OUTCOMES",
     "STATES",
     "TERMINAL",
+    "ClusterView",
     "CycleReport",
     "DuplicateJobError",
     "Event",

@@ -23,6 +23,7 @@ from scheduling.decisions import CycleResult, PendingReason
 from scheduling.jobs import Pending
 from scheduling.policy import Policy
 from scheduling.quota import Team
+from scheduling.resources import Resources
 from scheduling.store.audit import emit
 from scheduling.store.rebuild import (
     Rebuilt,
@@ -46,12 +47,19 @@ _EXPLAINED = ("reason_code", "reason_message", "reason_level", "reason_resource"
 
 
 def run_cycle(
-    conn: Connection, cluster: Cluster, teams: Mapping[str, Team], policy: Policy, now: float
+    conn: Connection,
+    cluster: Cluster,
+    teams: Mapping[str, Team],
+    policy: Policy,
+    now: float,
+    *,
+    held: Mapping[str, Resources] | None = None,
+    live: bool = False,
 ) -> CycleReport:
     started = time.perf_counter()
     eng = conn.execute(select(engine_row).where(engine_row.c.id == 1)).mappings().one()
     rows = {r["id"]: r for r in conn.execute(select(jobs).where(jobs.c.state.in_(LIVE))).mappings()}
-    rb = rebuild(cluster, teams, policy, rows.values(), eng["reservations"])
+    rb = rebuild(cluster, teams, policy, rows.values(), eng["reservations"], held=held, live=live)
     _reject(conn, rb, now)
     state = rb.state
     snapshot = state.snapshot(now)
@@ -115,7 +123,8 @@ def _preempt(
         row = rows[pre.job_id]
         conn.execute(update(jobs).where(jobs.c.id == pre.job_id).values(state=PREEMPTING))
         emit(conn, now, pre.job_id, "preempt", by=pre.by, attempt=row["attempt"])
-        nodes = placement_of(cluster, pre.job_id, row["placement"], row["level"]).nodes
+        # rebuild() checked the nodes already (and, on a live cluster, left out vanished ones)
+        nodes = placement_of(cluster, pre.job_id, row["placement"], row["level"], live=True).nodes
         rb.stopping[pre.job_id] = frozenset(nodes)
 
 

@@ -8,6 +8,13 @@ table is in commit order), rebuilding from scratch when a gap is seen.
 Preempting jobs are left out of the engine's accounting: the cycle that chose them already gave
 their GPUs to the preemptor. Their nodes are returned separately, so that whoever is admitted
 there waits (`waits_for`) until their replicas have stopped.
+
+A *live* cluster (discovered from Kubernetes rather than declared) changes under the store: a
+node goes NotReady or is cordoned and leaves the inventory, then comes back. So on a live
+cluster a job's replicas on a node it no longer lists hold quota but no capacity (the runtime
+reports whether they still run), and a queued job is never rejected for not fitting the
+cluster as it is now. What other workloads hold (`held`, per node name) is taken off the free
+capacity, after Berth's own jobs are placed back.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from scheduling.decisions import Reservation
 from scheduling.jobs import Job, Placement, ReplicaPlacement
 from scheduling.policy import Policy
 from scheduling.quota import Team
+from scheduling.resources import GPU_UNIT, Resources
 from scheduling.state import EngineState
 from scheduling.store.schema import HOLDING, PREEMPTING, QUEUED
 from scheduling.store.views import StoreError
@@ -51,10 +59,16 @@ def placement_json(cluster: Cluster, replicas: Iterable[ReplicaPlacement]) -> li
     ]
 
 
-def placement_of(cluster: Cluster, job_id: str, data: Any, level: str | None) -> Placement:
+def placement_of(
+    cluster: Cluster, job_id: str, data: Any, level: str | None, *, live: bool = False
+) -> Placement:
+    """The placement in `cluster`'s node indices. A node the cluster lacks is an error for a
+    declared cluster; on a live one its replicas are left out (see the module docstring)."""
     replicas = []
     for r in data or ():
         node = cluster.by_name.get(r["node"])
+        if node is None and live:
+            continue
         if node is None:
             raise StoreError(
                 f"job {job_id} holds GPUs on node {r['node']!r}, which cluster {cluster.name} "
@@ -105,15 +119,19 @@ def rebuild(
     policy: Policy,
     rows: Iterable[Mapping[str, Any]],
     reservations: Mapping[str, Any],
+    *,
+    held: Mapping[str, Resources] | None = None,
+    live: bool = False,
 ) -> Rebuilt:
-    """The engine's state from the non-terminal rows and the engine row's reservations."""
+    """The engine's state from the non-terminal rows and the engine row's reservations; on a
+    `live` cluster, less what others hold (`held`: node name -> resources)."""
     out = Rebuilt(EngineState(cluster, teams, policy))
     state = out.state
     queued = []
     for row in rows:
         job_id, st = row["id"], row["state"]
         if st == PREEMPTING:
-            placement = placement_of(cluster, job_id, row["placement"], row["level"])
+            placement = placement_of(cluster, job_id, row["placement"], row["level"], live=live)
             out.stopping[job_id] = frozenset(placement.nodes)
         elif st in HOLDING:
             job = job_of(row)
@@ -123,7 +141,7 @@ def rebuild(
                     "teams.yaml no longer has; put the team back until the job ends, or "
                     "cancel the job"
                 )
-            placement = placement_of(cluster, job_id, row["placement"], row["level"])
+            placement = placement_of(cluster, job_id, row["placement"], row["level"], live=live)
             start = row["started_at"] if row["started_at"] is not None else row["admitted_at"]
             try:
                 state.restore_running(
@@ -139,9 +157,13 @@ def rebuild(
             out.jobs[job_id] = job
         elif st == QUEUED:
             queued.append(row)
+    for name, res in (held or {}).items():
+        node = cluster.by_name.get(name)
+        if node is not None:
+            state.capacity.hold_outside(node.index, res.gpu // GPU_UNIT, res.cpu, res.mem)
     for row in queued:
         job = job_of(row)
-        rejection = check_job(job, cluster, teams, quotas=policy.quotas)
+        rejection = check_job(job, cluster, teams, quotas=policy.quotas, fit=not live)
         if rejection is not None:  # the cluster or the teams changed since it was submitted
             out.rejected[job.id] = rejection
             continue

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, func, select, update
@@ -70,10 +71,23 @@ from scheduling.store.views import (
 DEFAULT_LEASE_S = 300.0  # a worker silent this long is presumed dead (reap)
 
 
+@dataclass(frozen=True)
+class ClusterView:
+    """The cluster as a discovery sees it now, and what other workloads hold on its nodes
+    (node name -> resources): what a live cluster source gives the store."""
+
+    cluster: Cluster
+    held: Mapping[str, Resources] = field(default_factory=dict)
+
+
 class Store:
     """Jobs, attempts and events in SQLite (`sqlite:///path/berth.db`, one machine) or
     PostgreSQL (`postgresql+psycopg://...`, the cluster shape). Creates missing tables; there
     are no migrations yet (Alembic comes with the first change to a released schema).
+
+    The cluster is declared (`cluster`) or live: `live` is called for the cluster as it is now
+    and what others hold on it (a Kubernetes discovery, which caches its answer for a while),
+    before every submission and cycle; see rebuild.py for what a live cluster changes.
 
     Times default to `time.time()`; tests pass `now` to drive a virtual clock.
     """
@@ -81,13 +95,17 @@ class Store:
     def __init__(
         self,
         url: str,
-        cluster: Cluster,
+        cluster: Cluster | None,
         teams: Mapping[str, Team],
         policy: Policy | str = "berth",
         *,
         busy_timeout_s: float = 60.0,
+        live: Callable[[], ClusterView] | None = None,
     ) -> None:
-        self.cluster = cluster
+        if (cluster is None) == (live is None):
+            raise ValueError("Store: give exactly one of cluster (declared) and live (discovered)")
+        self._cluster = cluster
+        self._live = live
         self.teams = teams
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
         if self.policy.partial_gangs:
@@ -97,6 +115,17 @@ class Store:
             )
         self.engine = connect(url, busy_timeout_s)
         create_schema(self.engine)
+
+    @property
+    def cluster(self) -> Cluster:
+        """The cluster the store schedules on (for a live one, as last discovered)."""
+        return self._view().cluster
+
+    def _view(self) -> ClusterView:
+        if self._live is not None:
+            return self._live()
+        assert self._cluster is not None
+        return ClusterView(self._cluster)
 
     def close(self) -> None:
         """Close pooled connections (a process that forks should call this first)."""
@@ -119,9 +148,12 @@ class Store:
         now: float | None = None,
     ) -> JobStatus:
         """Queue a job; raises the SpecError of `check_spec` (writing nothing) if it can never
-        run. Idempotent: a job id already known with the same spec returns its status as is
-        (a resumed Airflow task resubmits); with a different spec it is a DuplicateJobError."""
-        problem = check_spec(spec, self.cluster, self.teams, quotas=self.policy.quotas)
+        run (on a live cluster: whatever its size now). Idempotent: a job id already known with
+        the same spec returns its status as is (a resumed Airflow task resubmits); with a
+        different spec it is a DuplicateJobError."""
+        live = self._live is not None  # a discovered cluster may grow: jobs wait, not fail
+        quotas = self.policy.quotas
+        problem = check_spec(spec, self.cluster, self.teams, quotas=quotas, fit=not live)
         if problem is not None:
             raise problem
         job_id = _job_id(job_id) if job_id is not None else f"{spec.name}-{uuid.uuid4().hex[:8]}"
@@ -143,8 +175,17 @@ class Store:
     def schedule(self, now: float | None = None) -> CycleReport:
         """Run one scheduling cycle and write its decisions (apply.py)."""
         now = _now(now)
+        view = self._view()
         with locked(self.engine) as conn:
-            return run_cycle(conn, self.cluster, self.teams, self.policy, now)
+            return run_cycle(
+                conn,
+                view.cluster,
+                self.teams,
+                self.policy,
+                now,
+                held=view.held,
+                live=self._live is not None,
+            )
 
     def mark_started(self, job_id: str, attempt: int, *, now: float | None = None) -> JobStatus:
         """The job's replicas were launched for `attempt`. Repeating it is harmless."""
