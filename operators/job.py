@@ -14,6 +14,7 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from operators.context import settings
 from operators.params import FROM_PARAMS, spec_from_params
 from scheduling.spec import JobSpec, SpecError, check_spec, parse_spec
 
@@ -38,7 +39,9 @@ def resolve_spec(spec: SpecArg, context: Mapping[str, Any], *, cluster=None, tea
     try:
         parsed = parse_spec(raw_spec(spec, context))
         if cluster is not None and teams is not None:
-            problem = check_spec(parsed, cluster, teams)
+            # A discovered cluster may be smaller now than later: a job waits rather than fail.
+            fit = settings().cluster_path is not None
+            problem = check_spec(parsed, cluster, teams, fit=fit)
             if problem is not None:
                 raise problem
     except SpecError as e:
