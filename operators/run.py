@@ -126,7 +126,7 @@ class BerthRunOperator(BaseOperator):
             try:
                 launched = launch_attempt(plan, job_id, st.attempt)
             except LaunchFailed as e:
-                raise self._attempt_failed(context, spec, str(e)) from e
+                raise self._launch_failed(context, spec, job_id, st.attempt, str(e)) from e
             except LaunchInterrupted as e:
                 self.log.warning("%s", e)
             else:
@@ -157,7 +157,8 @@ class BerthRunOperator(BaseOperator):
             return self._watch_again(context, store, store.status(job_id))
         if status == "launch_failed":  # the store has the attempt as failed
             spec = resolve_spec(self.spec, context)
-            raise self._attempt_failed(context, spec, event.get("message") or "launch failed")
+            message = event.get("message") or "launch failed"
+            raise self._launch_failed(context, spec, job_id, int(event["attempt"]), message)
         if status == "preempting":
             return self._requeue(context, job_id, int(event["attempt"]), status)
         raise AirflowFailException(f"job {job_id} ended while queued: {status} {event['message']}")
@@ -168,6 +169,15 @@ class BerthRunOperator(BaseOperator):
         push_run_url(context, launched.mlflow_url)
         self.log.info("job %s attempt %d running", job_id, launched.attempt)
         self._defer_completion(job_id, launched.attempt, launched.launch)
+
+    def _launch_failed(
+        self, context: Context, spec: JobSpec, job_id: str, attempt: int, message: str
+    ) -> JobAttemptFailed:
+        """The attempt never started (the store has it as failed): close its MLflow run."""
+        over = max(1, context["ti"].try_number) > spec.retries
+        close_attempt(TaskRef.of(context), spec, settings().store(), job_id, attempt, "failed",
+                      job_over=over)  # fmt: skip
+        return self._attempt_failed(context, spec, message)
 
     def _attempt_failed(self, context: Context, spec: JobSpec, message: str) -> JobAttemptFailed:
         try_number = max(1, context["ti"].try_number)

@@ -160,3 +160,21 @@ def test_waiting_for_an_unknown_job_is_an_error_not_a_hang(store: Store) -> None
 
     got = asyncio.run(asyncio.wait_for(scenario(), 30))
     assert all("never submitted" in str(e) for e in got), got
+
+
+def test_a_launch_that_fails_ends_the_attempt_as_failed(store: Store) -> None:
+    plan = _submit(store, "doomed", 1, 1, 0.1)
+    # What the local runtime refuses: an attempt folder that exists already (a launch before).
+    runtime = settings().runtime()
+    runtime.attempt_dir("doomed", 1).mkdir(parents=True)
+
+    async def scenario() -> dict[str, Any]:
+        return await _first_event(triggers.AdmissionTrigger("doomed", plan.to_dict(), poll_s=HOUR))
+
+    event = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert (event["status"], event["attempt"]) == ("launch_failed", 1)
+    assert "was launched before" in event["message"]
+    st = store.status("doomed")
+    assert (st.state, st.attempt) == ("failed", 1)
+    assert st.message.startswith("launch failed")
+    assert store.usage()["vision"].gpus == 0  # nothing held
