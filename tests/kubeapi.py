@@ -11,6 +11,10 @@ rights at all; ServiceAccount tokens come from the TokenRequest API, signed with
 made here. Authorization is RBAC only, so a test can check what a least-privilege identity may
 and may not do.
 
+Dynamic Resource Allocation needs no flag: v1.35 serves resource.k8s.io/v1 by default (GA
+since 1.34, its beta versions off). `run_kube_api(..., extra_args)` starts a server with other
+flags, e.g. `--runtime-config=resource.k8s.io/v1=false` for a cluster without DRA.
+
 When the binaries are not built the tests skip, saying how to build them; with
 BERTH_REQUIRE_KUBE=1 (CI, after scripts/build-kube.sh) they fail instead.
 """
@@ -30,7 +34,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -327,9 +331,9 @@ def _apiserver_argv(
 
 
 @contextmanager
-def run_kube_api(workdir: Path) -> Iterator[KubeAPI]:
-    """etcd and kube-apiserver in `workdir` until the block ends (skips or fails when the
-    binaries are missing: see `unavailable`)."""
+def run_kube_api(workdir: Path, extra_args: Sequence[str] = ()) -> Iterator[KubeAPI]:
+    """etcd and kube-apiserver (with `extra_args`) in `workdir` until the block ends (skips or
+    fails when the binaries are missing: see `unavailable`)."""
     binary = kube_apiserver_path()
     etcd = shutil.which("etcd")
     if not binary.is_file():
@@ -345,7 +349,7 @@ def run_kube_api(workdir: Path) -> Iterator[KubeAPI]:
         port = free_port()
         server = _Process(
             "kube-apiserver",
-            _apiserver_argv(binary, etcd_url, port, creds, workdir),
+            [*_apiserver_argv(binary, etcd_url, port, creds, workdir), *extra_args],
             workdir / "kube-apiserver.log",
         )
         processes.append(server)

@@ -6,7 +6,11 @@ condition. `KubeletStandin` plays the kubelet of some of those nodes: it moves t
 them through Pending -> Running -> Succeeded/Failed by patching pod status, as a kubelet
 reports it, and finishes pods that are being deleted (a real kubelet stops their containers,
 then deletes them for good). Nothing runs: a test decides when a pod ends and with which exit
-code, either by calling `finish` or through an `outcome` function.
+code (and termination message), either by calling `finish` or through an `outcome` function.
+
+Like a kubelet, it starts a pod that references ResourceClaims only once every claim is
+allocated on its node and reserved for it (tests/dra_standin.py plays the DRA driver and the
+resourceclaim controller). `bind` plays the kube-scheduler's binding.
 """
 
 from __future__ import annotations
@@ -111,11 +115,21 @@ def cordon(api: client.CoreV1Api, name: str, cordoned: bool = True) -> None:
     api.patch_node(name, {"spec": {"unschedulable": cordoned}}, _content_type=MERGE_PATCH)
 
 
-Outcome = Callable[[client.V1Pod], int | None]
+Outcome = Callable[[client.V1Pod], int | tuple[int, str] | None]  # exit code [, message]
 
 
 def _keep_running(_pod: client.V1Pod) -> int | None:
     return None
+
+
+def bind(api: client.CoreV1Api, namespace: str, pod: str, node: str) -> None:
+    """Bind a pod to a node through the Binding API, as the kube-scheduler does."""
+    body = client.V1Binding(
+        metadata=client.V1ObjectMeta(name=pod),
+        target=client.V1ObjectReference(api_version="v1", kind="Node", name=node),
+    )
+    # The client cannot read the Status this call answers with; the call itself is what counts.
+    api.create_namespaced_pod_binding(pod, namespace, body, _preload_content=False)
 
 
 class KubeletStandin:
@@ -169,16 +183,24 @@ class KubeletStandin:
         return self._patch(namespace, name, status)
 
     def finish(
-        self, namespace: str, name: str, exit_code: int = 0, reason: str | None = None
+        self,
+        namespace: str,
+        name: str,
+        exit_code: int = 0,
+        reason: str | None = None,
+        message: str | None = None,
     ) -> client.V1Pod:
         """Running -> Succeeded (exit code 0) or Failed: every container terminated with
-        `exit_code` (restartPolicy Never, as Berth's pods have)."""
+        `exit_code` (restartPolicy Never, as Berth's pods have) and `message`, what the
+        container wrote to its termination-message file (the kubelet keeps 4096 bytes)."""
         pod = self._own(namespace, name)
         now = _now()
         started = (
             pod.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ") if pod.status.start_time else now
         )
         term = _terminated(exit_code, now, started, reason)
+        if message is not None:
+            term["message"] = message[:4096]
         status = {
             "phase": "Succeeded" if exit_code == 0 else "Failed",
             "conditions": _conditions(now, ready=False),
@@ -199,11 +221,12 @@ class KubeletStandin:
                         self.finish(ns, name, 143, "Error")
                     self._delete_for_good(ns, name)
                     moved += 1
-                elif phase == "Pending":
+                elif phase == "Pending" and self.claims_ready(pod):
                     self.start(ns, name)
                     moved += 1
-                elif phase == "Running" and (code := self.outcome(pod)) is not None:
-                    self.finish(ns, name, code)
+                elif phase == "Running" and (told := self.outcome(pod)) is not None:
+                    code, message = told if isinstance(told, tuple) else (told, None)
+                    self.finish(ns, name, code, message=message)
                     moved += 1
         return moved
 
@@ -236,6 +259,28 @@ class KubeletStandin:
             thread.join(10)
         if errors:
             raise errors[0]
+
+    def claims_ready(self, pod: client.V1Pod) -> bool:
+        """Whether every ResourceClaim the pod references is allocated on its node and
+        reserved for it: what a kubelet checks before asking the DRA driver to prepare it."""
+        resource = client.ResourceV1Api(self.api.api_client)
+        for ref in pod.spec.resource_claims or ():
+            try:
+                claim = resource.read_namespaced_resource_claim(
+                    ref.resource_claim_name, pod.metadata.namespace
+                )
+            except client.ApiException as e:
+                if e.status == 404:
+                    return False
+                raise
+            allocation, reserved = claim.status.allocation, claim.status.reserved_for or ()
+            if allocation is None or pod.metadata.uid not in {r.uid for r in reserved}:
+                return False
+            terms = allocation.node_selector.node_selector_terms if allocation.node_selector else []
+            nodes = {v for t in terms for f in t.match_fields or () for v in f.values or ()}
+            if pod.spec.node_name not in nodes:
+                return False
+        return True
 
     def _own(self, namespace: str, name: str) -> client.V1Pod:
         pod = self.api.read_namespaced_pod(name, namespace)

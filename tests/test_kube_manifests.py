@@ -1,10 +1,12 @@
 """The deployment files under docker/, checked for real where this machine can.
 
 - Every shipped Kubernetes object (docker/**/*.yaml that is one, and the YAML blocks of
-  docker/README.md that are) is applied to the real kube-apiserver (tests/kubeapi.py) with a
-  server-side apply in dry-run mode and strict field validation: the server's schema, defaulting
-  and admission (Pod Security "restricted", ServiceAccount, RBAC escalation checks) judge it, and
-  nothing is stored. Two broken variants show that the check can fail.
+  docker/README.md and of docs/decisions/*.md that are) is applied to the real kube-apiserver
+  (tests/kubeapi.py) with a server-side apply in dry-run mode and strict field validation: the
+  server's schema, defaulting and admission (Pod Security "restricted", ServiceAccount, RBAC
+  escalation checks) judge it, and nothing is stored. Two broken variants show that the check
+  can fail. (What the runtime itself writes for DRA and staged data gets the same dry run in
+  tests/test_kube_volumes.py.)
 - The pod template: its container is named `base` (what the KubernetesExecutor looks for) and
   it carries the restricted security settings of the runtime's own pods
   (scheduling/runtime/kubernetes/pods.py).
@@ -39,6 +41,7 @@ RBAC = DOCKER / "rbac" / "berth-runtime.yaml"
 POD_TEMPLATE = DOCKER / "helm" / "pod-template.yaml"
 VALUES = DOCKER / "helm" / "values.yaml"
 README = DOCKER / "README.md"
+DECISIONS = REPO / "docs" / "decisions"
 FIELD_MANAGER = "berth-manifest-test"
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",
@@ -64,16 +67,18 @@ def readme_yaml_blocks(text: str) -> list[str]:
 
 
 def shipped_manifests() -> list[Manifest]:
-    """Every Kubernetes object under docker/ (YAML files, README blocks), in file order."""
+    """Every Kubernetes object under docker/ (YAML files, README blocks) and in the decisions'
+    YAML blocks, in file order."""
     out: list[Manifest] = []
     for path in sorted(DOCKER.rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if is_kube_object(doc):
                 out.append(Manifest(str(path.relative_to(REPO)), doc))
-    for i, block in enumerate(readme_yaml_blocks(README.read_text()), 1):
-        for doc in yaml.safe_load_all(block):
-            if is_kube_object(doc):
-                out.append(Manifest(f"docker/README.md block {i}", doc))
+    for page in [README, *sorted(DECISIONS.glob("*.md"))]:
+        for i, block in enumerate(readme_yaml_blocks(page.read_text()), 1):
+            for doc in yaml.safe_load_all(block):
+                if is_kube_object(doc):
+                    out.append(Manifest(f"{page.relative_to(REPO)} block {i}", doc))
     return out
 
 
@@ -90,6 +95,8 @@ def test_the_manifests_found_are_the_ones_shipped() -> None:
         "Deployment",
         "Service",
     }
+    decision = "docs/decisions/0008-staged-data-volume.md block 1"
+    assert (decision, "PersistentVolumeClaim", "berth-data") in found  # the team's data volume
     # values.yaml is Helm input, not a Kubernetes object: it must not be mistaken for one.
     assert not any(s == "docker/helm/values.yaml" for s, _, _ in found)
 

@@ -1,7 +1,9 @@
 """docker/rbac/berth-runtime.yaml applied to a real kube-apiserver (RBAC authorization only):
-the runtime, with a token of its ServiceAccount, discovers the cluster, launches, polls, reads
-logs (as far as a server without a kubelet allows), stops, reattaches and cleans up; and it is
-refused what it has no business doing."""
+the runtime, with a token of its ServiceAccount, discovers the cluster, launches (exact GPUs
+through ResourceClaims that it allocates itself on a node whose GPUs a DRA driver publishes,
+per-node requests on the other), polls, reads logs (as far as a server without a kubelet
+allows), stops, reattaches, cleans up, stages data with a staging pod and mounts the team's
+data volume; and it is refused what it has no business doing."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ from typing import Any
 
 import pytest
 import yaml
+from dra_standin import GPU_DRIVER, ensure_device_class, publish_gpus
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubernetes import client
 from test_kube_runtime import RBAC_YAML, Gang, ensure_priority_class
+from test_kube_volumes import create_data_claim
 
 from scheduling.runtime.base import LaunchError
 from scheduling.runtime.kubernetes import LogsUnavailable
@@ -70,9 +74,12 @@ def test_the_shipped_rbac_lets_the_runtime_work_and_nothing_more(kube_api: KubeA
     g = Gang(kube, api=token_client)  # discovery runs with the token: nodes and pods readable
     g.ns, g.team = probe.ns, probe.team  # the namespace the RoleBinding covers
     assert [n.name for n in g.cluster.nodes] == g.nodes
+    ensure_device_class(kube.admin)
+    published = publish_gpus(kube.admin, g.nodes[0])  # node 0 by DRA, node 1 per node
 
     launch = g.launch()
-    g.kubelet.sync()
+    assert launch.replicas[0].claim is not None and launch.replicas[1].claim is None
+    g.kubelet.sync()  # rank 0 starts only because its claim was allocated and reserved
     assert g.runtime.poll(launch).state == "running"
     with pytest.raises(LogsUnavailable) as err:  # allowed, but there is no kubelet to ask
         g.runtime.logs(launch)
@@ -81,10 +88,35 @@ def test_the_shipped_rbac_lets_the_runtime_work_and_nothing_more(kube_api: KubeA
     g.runtime.stop(launch)
     g.kubelet.sync()
     assert g.runtime.poll(launch).state == "stopped" and g.pods(launch) == {}
-    orphan = g.launch(job_id="orphan-1")
-    assert f"{g.ns}/service/{orphan.service}" in g.runtime.cleanup_orphans(set(), [g.ns])
+    resource = client.ResourceV1Api(token_client)
+    claim = resource.list_namespaced_resource_claim(g.ns).items[0]
+    assert claim.metadata.deletion_timestamp is not None  # deleted with the token
+    orphan = g.launch(job_id="orphan-1", placement=g.placement((0, (5,)), (1, (5,))))
+    cleaned = g.runtime.cleanup_orphans(set(), [g.ns])
+    assert f"{g.ns}/service/{orphan.service}" in cleaned
+    assert f"{g.ns}/resourceclaim/{orphan.replicas[0].claim}" in cleaned
 
+    # Staged data: the team's volume is read, a staging pod started, replicas mount it.
+    data = Gang(kube, api=token_client, data_volume={"staging_image": "berth/airflow:test"})
+    data.ns, data.team = g.ns, g.team
+    create_data_claim(kube, g.ns)
+    assert data.runtime.stager.start(g.team, ["file:///etc/hostname"])[0] == g.ns
+    staged = {"BERTH_INPUT_0": "/berth/data/entries/k/x", "BERTH_INPUT_COUNT": "1"}
+    mounted = data.launch(mount_data=True, extra_env=staged, job_id="with-data")
+    assert mounted.data_claim == "berth-data"
+
+    assert _refused(resource.create_resource_slice, {**published, "metadata": {"name": "x"}})
+    assert _refused(resource.delete_resource_slice, published["metadata"]["name"])
+    assert _refused(resource.patch_device_class, GPU_DRIVER, {"metadata": {"labels": {"a": "b"}}})
+    assert _refused(  # only the status: the finalizer stays for the resourceclaim controller
+        resource.patch_namespaced_resource_claim,
+        claim.metadata.name,
+        g.ns,
+        {"metadata": {"finalizers": None}},
+    )
     core = client.CoreV1Api(token_client)
+    assert _refused(core.create_namespaced_persistent_volume_claim, g.ns, {"metadata": {}})
+    assert _refused(core.delete_namespaced_persistent_volume_claim, "berth-data", g.ns)
     assert _refused(core.delete_node, g.nodes[0])
     assert _refused(core.patch_node, g.nodes[0], {"spec": {"unschedulable": True}})
     assert _refused(core.list_namespaced_secret, g.ns)
@@ -95,5 +127,8 @@ def test_the_shipped_rbac_lets_the_runtime_work_and_nothing_more(kube_api: KubeA
     # Another team's namespace, not bound: no pods there.
     elsewhere = kube.create_namespace("berth-other")
     assert _refused(core.list_namespaced_service, elsewhere)
+    assert _refused(core.read_namespaced_persistent_volume_claim, "berth-data", elsewhere)
+    body = {"metadata": {"name": "c"}, "spec": {"devices": {"requests": []}}}
+    assert _refused(resource.create_namespaced_resource_claim, elsewhere, body)
     with pytest.raises(LaunchError, match="forbidden"):
         g.launch(team=elsewhere.removeprefix("berth-"))

@@ -10,9 +10,11 @@ Choices, each for a reason:
   cluster without the default scheduler (like the tests' API server) still runs the gang. The
   price is that the kubelet, not the scheduler, checks the fit: a pod that does not fit fails
   with `OutOf<resource>`, which `status.py` reports as a requeue.
-- **Whole GPUs** are `nvidia.com/gpu` requests equal to limits; the device plugin picks which
-  of the node's GPUs and exposes them as 0..n-1, so `CUDA_VISIBLE_DEVICES` is not set (the
-  engine's indices mean nothing inside the container). **A share of one GPU** asks for one
+- **Whole GPUs** are the engine's exact devices where the cluster serves DRA and a GPU driver
+  publishes the node's devices: the pod references a ResourceClaim (`dra.py`, `claims.py`).
+  Elsewhere they are `nvidia.com/gpu` requests equal to limits and the device plugin picks
+  which. Either way the container sees its GPUs as 0..n-1, so `CUDA_VISIBLE_DEVICES` is not set
+  (the engine's indices mean nothing inside the container). **A share of one GPU** asks for one
   `shared_gpu_resource` when the cluster advertises one (the device plugin's time-slicing, e.g.
   `nvidia.com/gpu.shared`); otherwise for no GPU resource, with `NVIDIA_VISIBLE_DEVICES` set to
   the engine's GPU index so that the NVIDIA container runtime mounts that GPU, which the engine
@@ -25,7 +27,9 @@ Choices, each for a reason:
 - **The Service owns the attempt**: every pod has an ownerReference to it (a garbage collector
   deletes the pods with it), and its annotation `berth.io/launch` holds the launch record, so
   `reattach` needs no local state. `stop` still deletes pods explicitly (a cluster without a
-  garbage collector, or one slow to run, must not keep GPUs busy).
+  garbage collector, or one slow to run, must not keep GPUs busy). The Service owns the
+  attempt's ResourceClaims the same way.
+- **Staged data** is the team's PersistentVolumeClaim, mounted read-only (`volumes.py`).
 """
 
 from __future__ import annotations
@@ -42,8 +46,10 @@ from scheduling.cluster import Cluster
 from scheduling.jobs import Placement
 from scheduling.resources import CPU_UNIT, MEM_UNIT
 from scheduling.runtime.base import Launch, ReplicaHandle, replica_env
+from scheduling.runtime.kubernetes.dra import DraSettings, pod_fields
 from scheduling.runtime.kubernetes.inventory import BERTH, MANAGED_BY
 from scheduling.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, Toleration
+from scheduling.runtime.kubernetes.volumes import DataVolume, replica_mount
 
 # Labels (Kubernetes' recommended ones, and Berth's own) on everything an attempt creates.
 NAME, INSTANCE, COMPONENT = (f"app.kubernetes.io/{k}" for k in ("name", "instance", "component"))
@@ -77,10 +83,13 @@ class KubeSettings(BaseModel):
     restricted: bool = True  # Pod Security 'restricted'; False only when an admin allows it
     run_as_user: int | None = Field(None, ge=1)  # for images whose USER is root or a name
     service_account: str | None = None  # the pods' own; default: the namespace's `default`
+    dra: DraSettings = Field(default_factory=DraSettings)  # exact GPUs where DRA is served
+    data_volume: DataVolume | None = None  # staged inputs: the team's PVC (decision 0008)
 
 
 class KubeReplica(ReplicaHandle):
     pod: str
+    claim: str | None = None  # its ResourceClaim: DRA holds its exact GPUs
 
 
 class KubeLaunch(Launch):
@@ -91,6 +100,7 @@ class KubeLaunch(Launch):
     image: str
     start_timeout_s: float
     replicas: tuple[KubeReplica, ...]
+    data_claim: str | None = None  # the team's PVC of staged data, mounted read-only
 
 
 def _digest(text: str, n: int = 6) -> str:
@@ -109,6 +119,7 @@ def new_launch(
     image: str,
     launched_at: float,
     time_limit_s: float | None,
+    data_claim: str | None = None,
 ) -> KubeLaunch:
     """The launch record of an attempt: rank i is replica i of the placement."""
     service = attempt_name(job_id, attempt)
@@ -127,7 +138,7 @@ def new_launch(
         job_id=job_id, attempt=attempt, launched_at=launched_at, time_limit_s=time_limit_s,
         master_addr=master_addr(settings, namespace, service), master_port=settings.master_port,
         namespace=namespace, service=service, team=team, image=image,
-        start_timeout_s=settings.start_timeout_s, replicas=replicas,
+        start_timeout_s=settings.start_timeout_s, replicas=replicas, data_claim=data_claim,
     )  # fmt: skip
 
 
@@ -186,6 +197,22 @@ def labels(launch: KubeLaunch, component: str) -> dict[str, str]:
     }
 
 
+def claim_name(rep: KubeReplica) -> str:
+    """The name of a replica's ResourceClaim (its pod's, with '-gpus')."""
+    return f"{rep.pod}-gpus"
+
+
+def owner_reference(launch: KubeLaunch, owner_uid: str) -> dict[str, Any]:
+    """What ties an attempt's pods and claims to its Service (deleting it deletes them)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "name": launch.service,
+        "uid": owner_uid,
+        "controller": True,
+    }
+
+
 def master_addr(settings: KubeSettings, namespace: str, service: str) -> str:
     """Rank 0's DNS name through the headless Service (see the module docstring)."""
     return f"{service}-0.{service}.{namespace}.svc.{settings.cluster_domain}"
@@ -230,7 +257,7 @@ def resources(
     if rep.share:
         if settings.shared_gpu_resource is not None:
             out[settings.shared_gpu_resource] = "1"
-    elif rep.gpus:
+    elif rep.gpus and getattr(rep, "claim", None) is None:  # else its ResourceClaim holds them
         out[settings.gpu_resource] = str(len(rep.gpus))
     return out
 
@@ -300,6 +327,14 @@ def pod_manifest(
         spec["priorityClassName"] = settings.priority_class
     if settings.service_account is not None:
         spec["serviceAccountName"] = settings.service_account
+    container = spec["containers"][0]
+    if rep.claim is not None:
+        in_pod, in_container = pod_fields(rep.claim)
+        spec["resourceClaims"] = [in_pod]
+        container["resources"]["claims"] = [in_container]
+    if launch.data_claim is not None and settings.data_volume is not None:
+        volume, mount = replica_mount(settings.data_volume, launch.data_claim)
+        spec["volumes"], container["volumeMounts"] = [volume], [mount]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -308,15 +343,7 @@ def pod_manifest(
             "namespace": launch.namespace,
             "labels": labels(launch, "replica") | {RANK: str(rep.rank)},
             "annotations": {JOB_ID: launch.job_id, GPUS: ",".join(map(str, rep.gpus))},
-            "ownerReferences": [
-                {
-                    "apiVersion": "v1",
-                    "kind": "Service",
-                    "name": launch.service,
-                    "uid": owner_uid,
-                    "controller": True,
-                }
-            ],
+            "ownerReferences": [owner_reference(launch, owner_uid)],
         },
         "spec": spec,
     }

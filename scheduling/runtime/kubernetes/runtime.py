@@ -11,6 +11,10 @@ not every replica is Running `start_timeout_s` after launch, and when any replic
 status says which replica failed, why, and whether to fail, retry or requeue (`status.py`).
 `poll` enforces these, so the caller polls (the completion trigger does); the kubelet enforces
 the time limit by itself (`activeDeadlineSeconds`).
+
+Replicas hold exactly the engine's GPUs through ResourceClaims where the cluster serves DRA
+(`claims.py`), and read staged inputs from the team's data volume, which `stage_inputs` fills
+with a staging pod (`staging.py`, docs/decisions/0008).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from kubernetes import client
@@ -29,18 +33,18 @@ from scheduling.jobs import Placement
 from scheduling.runtime.base import Launch, LaunchError, LogCursor, check_launch
 from scheduling.runtime.kubernetes import pods as manifests
 from scheduling.runtime.kubernetes import status as fate
+from scheduling.runtime.kubernetes.claims import AttemptClaims
 from scheduling.runtime.kubernetes.inventory import BERTH, MANAGED_BY
+from scheduling.runtime.kubernetes.pod_logs import LogsUnavailable as LogsUnavailable
+from scheduling.runtime.kubernetes.pod_logs import rank0_lines
 from scheduling.runtime.kubernetes.pods import FAILURE, JOB_ID, LAUNCH, STOPPED, KubeLaunch
+from scheduling.runtime.kubernetes.staging import Stager
 from scheduling.runtime.kubernetes.status import KubeGangStatus, api_problem, failure_record
+from scheduling.runtime.kubernetes.volumes import replica_input_env
 from scheduling.spec import JobSpec
+from scheduling.staging import StagedInputs
 
-LOG_CHUNK = 1 << 20  # bytes of rank 0's log per `logs` call
 MERGE_PATCH = "application/merge-patch+json"
-
-
-class LogsUnavailable(RuntimeError):
-    """The API server could not serve a pod's log; the message says which pod and what to
-    check. Raised rather than returning nothing, so that a missing log is never silent."""
 
 
 class KubernetesRuntime:
@@ -56,6 +60,8 @@ class KubernetesRuntime:
         self.core = client.CoreV1Api(api)
         self.settings = settings or manifests.KubeSettings()
         self.clock = clock  # wall clock, as Launch.launched_at
+        self.claims = AttemptClaims(api, self.settings.dra)
+        self.stager = Stager(self.core, self.settings)
 
     def namespace(self, team: str) -> str:
         """The team's namespace (LaunchError naming the setting when it is not valid)."""
@@ -82,9 +88,12 @@ class KubernetesRuntime:
         team: str | None = None,
         cpus: float = 1.0,
         memory_gb: float = 4.0,
+        mount_data: bool = False,
     ) -> KubeLaunch:
-        """Create the attempt's Service, then one pod per replica on its node; returns at once
-        (`poll` watches the start). `workdir` is ignored: the image's working directory holds.
+        """Create the attempt's Service, then per replica its ResourceClaim (where DRA applies)
+        and its pod on its node; returns at once (`poll` watches the start). `workdir` is
+        ignored (the image's holds); `mount_data`: the team's data volume, read-only. A GPU that
+        another claim holds is a `rejected` failure on the Service (requeued), nothing more.
 
         Raises LaunchError for bad input, an attempt launched before, or a refused object (what
         was created is deleted first: no partial gangs).
@@ -97,15 +106,22 @@ class KubernetesRuntime:
         if not (cpus > 0 and memory_gb > 0):
             raise LaunchError(f"cpus, memory_gb: must be > 0, got {cpus}, {memory_gb}")
         namespace = self.namespace(team)
+        try:
+            data_claim = self.stager.data_claim(namespace, team) if mount_data else None
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
         launch = manifests.new_launch(
             self.settings, job_id, attempt, placement, cluster, namespace=namespace,
             team=team, image=image, launched_at=self.clock(), time_limit_s=time_limit_s,
+            data_claim=data_claim,
         )  # fmt: skip
-        service = launch.service
+        plan = self.claims.plan(launch)
+        launch, service = plan.launch, launch.service
+        body = manifests.service_manifest(launch)
+        if plan.conflict is not None:
+            body["metadata"]["annotations"][FAILURE] = json.dumps(plan.conflict)
         try:
-            owner = self.core.create_namespaced_service(
-                namespace, manifests.service_manifest(launch)
-            )
+            owner = self.core.create_namespaced_service(namespace, body)
         except ApiException as e:
             if e.status == 409:
                 raise LaunchError(
@@ -114,19 +130,29 @@ class KubernetesRuntime:
                     "a new attempt number"
                 ) from None
             raise LaunchError(f"the attempt's Service was refused: {api_problem(e)}") from None
+        if plan.conflict is not None:
+            return launch  # `poll` tells the failure; no pod may take a held GPU
         cpu, mem = manifests.engine_units(cpus, memory_gb)
         variables = dict(env) | dict(extra_env or {})
+        uid = owner.metadata.uid
         for rep in launch.replicas:
             body = manifests.pod_manifest(
-                self.settings, launch, rep, list(command), variables, cpu, mem, owner.metadata.uid
+                self.settings, launch, rep, list(command), variables, cpu, mem, uid
             )
+            what = "ResourceClaim"
             try:
-                self.core.create_namespaced_pod(namespace, body)
+                if rep.claim is not None:
+                    self.claims.create(plan, rep, uid)
+                what = "pod"
+                pod = self.core.create_namespaced_pod(namespace, body)
+                if rep.claim is not None:
+                    what = "ResourceClaim's allocation"
+                    self.claims.bind(plan, rep, pod)
             except ApiException as e:
                 self._delete(launch, 0, service=True)
                 why = api_problem(e)
                 raise LaunchError(
-                    f"rank {rep.rank}'s pod was refused, so the attempt was deleted: {why}"
+                    f"rank {rep.rank}'s {what} was refused, so the attempt was deleted: {why}"
                 ) from None
         return launch
 
@@ -139,19 +165,36 @@ class KubernetesRuntime:
         cluster: Cluster,
         *,
         extra_env: Mapping[str, str] | None = None,
+        staged_root: PurePath | str | None = None,
     ) -> KubeLaunch:
-        """`launch` with what a JobSpec says (image, team, command, resources, env, limit)."""
+        """`launch` with what a JobSpec says (image, team, command, resources, env, limit).
+
+        A job with `inputs` mounts the team's data volume; `extra_env` then holds the staged
+        inputs' variables (`StagedInputs.env()`), whose paths are moved into the mount from
+        `staged_root`, the directory they were staged under (None: by `stage_inputs`, whose
+        paths already are in the mount)."""
         if spec.image is None:
             raise LaunchError(
                 "image: the Kubernetes runtime runs container images; build the job's "
                 "`environment` into an image and set `image` instead"
             )
+        extra, volume = dict(extra_env or {}), self.settings.data_volume
+        try:
+            extra = replica_input_env(extra, len(spec.inputs), volume, staged_root)
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
         return self.launch(
             job_id, attempt, spec.command, placement, cluster,
-            env=spec.env, extra_env=extra_env, time_limit_s=spec.time_limit_s,
-            image=spec.image, team=spec.team,
-            cpus=spec.cpus_per_replica, memory_gb=spec.memory_gb_per_replica,
+            env=spec.env, extra_env=extra, time_limit_s=spec.time_limit_s,
+            image=spec.image, team=spec.team, cpus=spec.cpus_per_replica,
+            memory_gb=spec.memory_gb_per_replica, mount_data=bool(spec.inputs),
         )  # fmt: skip
+
+    def stage_inputs(self, team: str, inputs: Sequence[str]) -> StagedInputs:
+        """Stage `inputs` into the team's data volume with a staging pod and return where
+        replicas read them (pass `.env()` as `launch_spec`'s extra_env). Raises StagingError
+        for the inputs' problems, StagingPodFailed for the pod's, ValueError for settings."""
+        return self.stager.stage(team, inputs)
 
     # ---- follow -------------------------------------------------------------------------
 
@@ -201,35 +244,10 @@ class KubernetesRuntime:
         self._delete(launch, grace, service=True)
 
     def logs(self, launch: Launch, cursor: LogCursor | None = None) -> tuple[list[str], LogCursor]:
-        """Complete new lines of rank 0's log since `cursor`, as `[rank 0] line`.
-
-        The API server reads logs from the node's kubelet; when it cannot, LogsUnavailable says
-        which pod and what to check (never an empty answer that looks like a quiet job)."""
+        """Complete new lines of rank 0's log since `cursor`, as `[rank 0] line`; raises
+        LogsUnavailable when the API server cannot read it (`pod_logs.py`)."""
         launch = _kube(launch)
-        rep = launch.replicas[0]
-        offset = (cursor.offsets if cursor else {}).get(0, 0)
-        pod = self._pods(launch).get(0)
-        if pod is None or pod.status.phase == "Pending":
-            return [], cursor or LogCursor()
-        try:
-            response = self.core.read_namespaced_pod_log(
-                rep.pod, launch.namespace, container=manifests.CONTAINER,
-                limit_bytes=offset + LOG_CHUNK, _preload_content=False, _request_timeout=30,
-            )  # fmt: skip
-            data = response.data[offset:]
-        except ApiException as e:
-            raise LogsUnavailable(
-                f"the log of rank 0 (pod {launch.namespace}/{rep.pod} on node {rep.node_name}) "
-                f"cannot be read through the API server: {api_problem(e)}; the API server reads "
-                "logs from the node's kubelet, so check that it reaches the node on the "
-                "kubelet's port (kubectl logs shows the same)"
-            ) from None
-        ended = pod.status.phase in ("Succeeded", "Failed")
-        cut = len(data) if ended and len(data) < LOG_CHUNK else data.rfind(b"\n") + 1
-        if len(data) == LOG_CHUNK and cut == 0:
-            cut = len(data)  # one huge line: in pieces
-        lines = data[:cut].decode("utf-8", errors="replace").splitlines()
-        return [f"[rank 0] {line}" for line in lines], LogCursor(offsets={0: offset + cut})
+        return rank0_lines(self.core, launch, self._pods(launch).get(0), cursor)
 
     def reattach(self, job_id: str, attempt: int, *, team: str | None = None) -> KubeLaunch | None:
         """The handle of a launched attempt from its Service's record; None if none. Without
@@ -281,7 +299,7 @@ class KubernetesRuntime:
                 if manifests.attempt_key(svc) not in known_live:
                     self._delete_one("service", ns, svc.metadata.name)
                     deleted.append(f"{ns}/service/{svc.metadata.name}")
-        return deleted
+        return deleted + self.claims.orphans(scope, known_live, berth)
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -345,7 +363,7 @@ class KubernetesRuntime:
         service: bool = False,
     ) -> None:
         """Delete the attempt's pods (only those not yet ended, when `only_running`: a failed
-        pod keeps its status for people to read), then its Service when `service`."""
+        pod keeps its status for people to read), then its claims and Service when `service`."""
         for rep in launch.replicas:
             pod = by_rank.get(rep.rank) if by_rank is not None else None
             if by_rank is not None and pod is None:
@@ -354,13 +372,11 @@ class KubernetesRuntime:
                 continue
             self._delete_one("pod", launch.namespace, rep.pod, grace_s)
         if service:
+            self.claims.delete(launch)
             self._delete_one("service", launch.namespace, launch.service)
 
     def _delete_one(self, kind: str, namespace: str, name: str, grace_s: float = 0) -> None:
-        call = {
-            "pod": self.core.delete_namespaced_pod,
-            "service": self.core.delete_namespaced_service,
-        }[kind]
+        call = getattr(self.core, f"delete_namespaced_{kind}")  # pod, service
         try:
             call(name, namespace, grace_period_seconds=round(grace_s))
         except ApiException as e:

@@ -302,9 +302,13 @@ def start_timeout(launch: KubeLaunch, pods: Mapping[int, Any]) -> Failure:
         if pod is None or pod.status.phase == "Pending":
             container, _ = _container(pod) if pod is not None else (None, None)
             why = container and container.state and container.state.waiting
-            waiting.append(
-                f"rank {rep.rank} on {rep.node_name}: {why.reason if why else 'Pending'}"
-            )
+            told = f"rank {rep.rank} on {rep.node_name}: {why.reason if why else 'Pending'}"
+            if rep.claim is not None and why is None:  # the kubelet prepares claims first
+                told += (
+                    f" (its GPUs are ResourceClaim {launch.namespace}/{rep.claim}: check that "
+                    "the node's DRA driver prepared it, `kubectl describe pod` tells)"
+                )
+            waiting.append(told)
     first = launch.replicas[0]
     return Failure(
         first.rank,
