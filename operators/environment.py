@@ -12,6 +12,11 @@ already satisfies (numpy, say) are neither downloaded nor copied, which keeps th
 default fast and usable offline, and a requirement at another version is installed into the venv,
 whose own site-packages come first. A job that gives an `image` runs in the platform's
 interpreter, with a warning: the embedded default has no container runtime.
+
+On Kubernetes (`prepare_image`) the environment is an image instead: built in the cluster from
+a generated build context, or found in the registry when an image of the same context is there
+(scheduling/runtime/kubernetes/build.py); a job that gives `image` runs that image. The run task
+launches what `PreparedImage.image` names (`spec_for_launch`).
 """
 
 from __future__ import annotations
@@ -24,12 +29,17 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
 from scheduling.spec import JobSpec
+
+if TYPE_CHECKING:  # the kubernetes client loads only on the Kubernetes runtime
+    from scheduling.runtime.kubernetes.build import ImageBuilder
 
 log = logging.getLogger(__name__)
 READY = ".berth-env.json"
@@ -50,6 +60,64 @@ class PreparedEnv:
 
     def to_dict(self) -> dict[str, str | None]:
         return {"kind": self.kind, "python": self.python, "bin_dir": self.bin_dir, "key": self.key}
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedImage:
+    """What the job's replicas run on Kubernetes: `image` (pinned by digest when Berth built or
+    found it), and where it came from: the spec, the build base (an `environment` with no
+    requirements), the registry (`present`), or a build (`built`, or `joined`: another job's)."""
+
+    image: str
+    source: str  # spec | base | present | built | joined
+    digest: str | None = None
+    context_digest: str | None = None
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {
+            "kind": "image",
+            "image": self.image,
+            "source": self.source,
+            "digest": self.digest,
+            "context_digest": self.context_digest,
+        }
+
+
+def prepare_image(
+    spec: JobSpec,
+    builder: ImageBuilder | None,
+    *,
+    requested_by: Mapping[str, str] | None = None,
+    logger: logging.Logger | None = None,
+) -> PreparedImage:
+    """The image the job's replicas run on Kubernetes, built in the cluster if needed.
+
+    `builder` may be None for a job that gives `image` (nothing to build). Raises the builder's
+    BuildError, or BuildConfigError for an environment the settings cannot build.
+    """
+    if spec.environment is None:
+        assert spec.image is not None  # the spec has exactly one of the two
+        return PreparedImage(spec.image, "spec")
+    if builder is None:
+        raise ValueError("an `environment` job needs an image builder (settings().image_builder())")
+    from scheduling.runtime.kubernetes.images import environment_context
+
+    context = environment_context(spec.environment, builder.settings)
+    if context is None:  # nothing to install: the base image is the environment
+        return PreparedImage(builder.settings.base, "base")
+    result = builder.ensure(context, spec.team, requested_by=requested_by, logger=logger)
+    return PreparedImage(result.pinned, result.outcome, result.digest, context.digest)
+
+
+def spec_for_launch(spec: JobSpec, prepared: Mapping[str, Any]) -> JobSpec:
+    """The spec the Kubernetes runtime launches: the prepared image (the prepare step's XCom,
+    `PreparedImage.to_dict()`) in place of `environment`."""
+    if prepared.get("kind") != "image" or not prepared.get("image"):
+        raise ValueError(
+            f"prepared environment: expected an image (the Kubernetes runtime's prepare step), "
+            f"got {dict(prepared)!r}; run prepare_env with BERTH_RUNTIME=kubernetes"
+        )
+    return spec.model_copy(update={"image": str(prepared["image"]), "environment": None})
 
 
 def env_key(requirements: tuple[str, ...], python: str | None) -> str:

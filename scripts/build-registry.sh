@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Puts a real OCI registry on this machine for the image-build tests (tests/test_kube_build.py)
+# and prints where it is (`--where`: only where the binary belongs, building nothing).
+# Idempotent: a cached binary is reused, so only a cold machine pays for the Go build (under a
+# minute, plus the module download on a machine without Go's cache).
+#
+# The registry is go-containerregistry's in-memory one (pkg/registry, what its cmd/registry
+# serves), built from the Go module pinned in tools/registry/go.mod, because this machine reaches
+# the Go module proxy but no download site. tools/registry/main.go adds optional Basic or bearer
+# token authentication in front of it, so that the tests can check the registry client's logins.
+# The binary is cached under ${BERTH_REGISTRY_CACHE:-~/.cache/berth/registry}/<version>-<hash>/,
+# where the hash covers tools/registry/{go.mod,go.sum,main.go}: a changed pin builds anew, never
+# a stale binary. tests/test_kube_build.py computes the same path (keep the two in step).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+src="$root/tools/registry"
+export PATH="/usr/local/go/bin:$PATH"
+# The go directive in go.mod is met by the installed Go; never let Go fetch a toolchain.
+export GOTOOLCHAIN=local
+
+# The version of go-containerregistry that go.mod requires (inside or outside a require block).
+version=$(awk '$0 !~ /=>|^[[:space:]]*\/\// {
+  for (i = 1; i < NF; i++) if ($i == "github.com/google/go-containerregistry") { print $(i + 1); exit }
+}' "$src/go.mod")
+if [[ -z "$version" ]]; then
+  echo "build-registry: no requirement of github.com/google/go-containerregistry in $src/go.mod" >&2
+  exit 1
+fi
+hash=$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-12)
+cache="${BERTH_REGISTRY_CACHE:-$HOME/.cache/berth/registry}"
+dir="$cache/$version-$hash"
+bin="$dir/registry"
+if [[ "${1:-}" == "--where" ]]; then  # only say where the binary belongs; build nothing
+  echo "$bin"
+  exit 0
+fi
+
+mkdir -p "$dir"
+# One build at a time per cache entry: a second caller waits, then finds the binary.
+exec 9>"$dir/.lock"
+flock 9
+if [[ -x "$bin" ]]; then
+  echo "build-registry: reusing cached registry $version" >&2
+else
+  if ! command -v go >/dev/null; then
+    echo "build-registry: Go not found (expected /usr/local/go/bin/go)" >&2
+    exit 1
+  fi
+  echo "build-registry: building go-containerregistry's registry $version..." >&2
+  start=$(date +%s)
+  # Shared 2-core machines: build at low priority.
+  (cd "$src" && nice -n 15 go build -trimpath -ldflags "-s -w" -o "$bin.tmp" .)
+  mv "$bin.tmp" "$bin"
+  echo "build-registry: built in $(( $(date +%s) - start )) s, $(du -h "$bin" | cut -f1)" >&2
+fi
+
+echo "REGISTRY=$bin"

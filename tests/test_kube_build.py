@@ -1,0 +1,525 @@
+"""Images of `environment` jobs built in the cluster (scheduling/runtime/kubernetes/build.py),
+against real components: the kube-apiserver of tests/kubeapi.py (pods, ConfigMaps, Pod Security
+admission, RBAC with a ServiceAccount token) and go-containerregistry's registry over HTTP
+(tests/oci_registry.py: the skip path asks it, the tests push to it).
+
+No container runs here (no kubelet, no container runtime): Kaniko itself is stood in for by
+`KanikoStandin`, which binds the builder pod to a node (the scheduler's part), moves it through
+its phases (the kubelet's), and ends it as Kaniko would: on success it pushes an image to the
+real registry under the pod's `--destination` and writes the pushed digest as the container's
+termination message (Kaniko's `--digest-file=/dev/termination-log`, read by the kubelet); on
+failure Kaniko's error is the message (the log tail that FallbackToLogsOnError gives).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+import logging
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
+from kubelet_standin import KubeletStandin, _conditions, _container_status, _terminated, make_node
+from kubernetes import client
+from oci_registry import Registry, push_image, run_registry
+from test_kube_manifests import DryRun
+
+from scheduling.runtime.kubernetes.build import BuildError, BuildResult, ImageBuilder
+from scheduling.runtime.kubernetes.build_manifests import SELECTOR, builder_name
+from scheduling.runtime.kubernetes.images import (
+    BuildContext,
+    ImageBuildSettings,
+    environment_context,
+    tag_for,
+)
+from scheduling.spec import Environment
+
+BASELINE = {
+    "pod-security.kubernetes.io/enforce": "baseline",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+    "pod-security.kubernetes.io/warn": "restricted",
+}
+PIP_FAILED = (
+    "error building image: error building stage: failed to execute command: waiting for "
+    "process to exit: exit status 1"
+)
+PUSH_REFUSED = "error pushing image: failed to push to destination: UNAUTHORIZED"
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    with run_registry(tmp_path_factory.mktemp("registry")) as reg:
+        yield reg
+
+
+class KanikoStandin(KubeletStandin):
+    """The scheduler's and the kubelet's part for builder pods, and Kaniko's effect (see the
+    module docstring). `verdicts[pod name]`: the exit code a running pod ends with (none: it
+    keeps running); `pull_error`: report the Kaniko image as unpullable instead of starting."""
+
+    def __init__(self, core: client.CoreV1Api, node: str, reg: Registry, namespace: str) -> None:
+        super().__init__(core, [node], outcome=lambda pod: self.verdicts.get(pod.metadata.name))
+        self.node, self.registry, self.namespace = node, reg, namespace
+        self.verdicts: dict[str, int] = {}
+        self.failure = PIP_FAILED
+        self.pull_error: str | None = None
+        self.ended: list[tuple[str, str, int]] = []  # (pod, uid, exit code)
+
+    def sync(self) -> int:
+        for pod in self.api.list_namespaced_pod(self.namespace, label_selector=SELECTOR).items:
+            if not pod.spec.node_name and pod.metadata.deletion_timestamp is None:
+                target = client.V1ObjectReference(api_version="v1", kind="Node", name=self.node)
+                body = client.V1Binding(
+                    metadata=client.V1ObjectMeta(name=pod.metadata.name), target=target
+                )
+                self.api.create_namespaced_pod_binding(
+                    pod.metadata.name, self.namespace, body, _preload_content=False
+                )
+        return super().sync()
+
+    def start(self, namespace: str, name: str) -> client.V1Pod:
+        if self.pull_error is None:
+            return super().start(namespace, name)
+        pod = self._own(namespace, name)
+        waiting = {"waiting": {"reason": "ErrImagePull", "message": self.pull_error}}
+        statuses = [_container_status(c, waiting, ready=False) for c in pod.spec.containers]
+        return self._patch(namespace, name, {"phase": "Pending", "containerStatuses": statuses})
+
+    def finish(
+        self,
+        namespace: str,
+        name: str,
+        exit_code: int = 0,
+        reason: str | None = None,
+        message: str | None = None,
+    ) -> client.V1Pod:
+        pod = self._own(namespace, name)
+        if message is None:
+            message = self._kaniko(pod, exit_code)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        term = _terminated(exit_code, now, reason=reason) | {"message": message}
+        status = {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "conditions": _conditions(now, ready=False),
+            "containerStatuses": [
+                _container_status(c, {"terminated": term}, ready=False) for c in pod.spec.containers
+            ],
+        }
+        self.ended.append((name, pod.metadata.uid, exit_code))
+        return self._patch(namespace, name, status)
+
+    def _kaniko(self, pod: client.V1Pod, exit_code: int) -> str:
+        """What Kaniko leaves in the termination message as it ends with `exit_code`."""
+        if exit_code == 0:  # it pushed: the real registry gets the image, the digest is told
+            args = pod.spec.containers[0].args
+            destination = next(a for a in args if a.startswith("--destination="))
+            repository, _, tag = destination.split("=", 1)[1].split("/", 1)[1].rpartition(":")
+            return push_image(self.registry, repository, tag, note=pod.metadata.name)
+        return "" if exit_code == 143 else self.failure  # 143: stopped by a deletion
+
+
+class Site:
+    """One test's team namespace (Pod Security 'baseline', as builds need), its push Secret, a
+    build node with Kaniko's stand-in, and a builder (as the admin unless `api` is given)."""
+
+    def __init__(
+        self, kube: KubeAPI, reg: Registry, api: client.ApiClient | None = None, **settings: Any
+    ) -> None:
+        self.kube, self.core, self.registry = kube, kube.core, reg
+        self.team = kube.unique_name("team")
+        self.ns = f"berth-{self.team}"
+        meta = client.V1ObjectMeta(name=self.ns, labels=BASELINE)
+        self.core.create_namespace(client.V1Namespace(metadata=meta))
+        kube.create_service_account(self.ns, "default")
+        login = reg.docker_config(kube.workdir / f"{self.ns}.json").read_text()
+        self.core.create_namespaced_secret(
+            self.ns,
+            client.V1Secret(
+                metadata=client.V1ObjectMeta(name="berth-push"),
+                type="kubernetes.io/dockerconfigjson",
+                string_data={".dockerconfigjson": login},
+            ),
+        )
+        node = kube.unique_name("build")
+        make_node(self.core, node, gpus=0)
+        self.kaniko = KanikoStandin(self.core, node, reg, self.ns)
+        defaults = {
+            "registry": reg.host, "insecure": True, "allow_root": True, "poll_s": 0.05,
+            "push_secret": "berth-push", "base_image": f"{reg.host}/berth/job-base:0.1.0",
+        }  # fmt: skip
+        self.settings = ImageBuildSettings(**(defaults | settings))
+        self.builder = ImageBuilder(api or kube.admin, self.settings)
+
+    def context(self, *requirements: str) -> BuildContext:
+        env = Environment(requirements=requirements or (f"pkg-{self.ns}==1.0",))
+        context = environment_context(env, self.settings)
+        assert context is not None
+        return context
+
+    def builders(self) -> list[client.V1Pod]:
+        return self.core.list_namespaced_pod(self.ns, label_selector=SELECTOR).items
+
+    def config_maps(self) -> list[client.V1ConfigMap]:
+        return self.core.list_namespaced_config_map(self.ns, label_selector=SELECTOR).items
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
+    """Poll `check` until it is truthy: waiting on other threads and the API server."""
+    deadline = time.monotonic() + timeout_s
+    while not (got := check()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+    return got
+
+
+class Lines(logging.Handler):
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.logger = logging.getLogger(f"berth.test.build.{name}")
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_an_image_already_in_the_registry_needs_no_builder_pod(
+    kube_api: KubeAPI,  # noqa: F811
+    registry: Registry,
+) -> None:
+    site = Site(kube_api, registry, allow_root=False)  # no build may run, and none is needed
+    context = site.context("numpy==2.1.0", "einops")
+    pushed = push_image(registry, site.settings.repository, tag_for(context.digest))
+    got = site.builder.ensure(context, site.team)
+    assert got == BuildResult(site.settings.reference(context.digest), pushed, "present")
+    assert got.pinned == f"{registry.host}/berth/envs:{tag_for(context.digest)}@{pushed}"
+    assert site.builders() == [] and site.config_maps() == []
+    # The same requirements in another order are the same context: still nothing to build.
+    again = site.context("einops", "numpy==2.1.0")
+    assert site.builder.ensure(again, site.team).outcome == "present"
+    # A new context would need a build, which this admin has not allowed: said, nothing made.
+    with pytest.raises(BuildError, match="BERTH_BUILD_ALLOW_ROOT") as err:
+        site.builder.ensure(site.context("torch==2.3.1"), site.team)
+    assert not err.value.retryable and site.builders() == []
+
+
+def test_two_jobs_racing_for_a_new_context_make_one_builder_pod(
+    kube_api: KubeAPI,  # noqa: F811
+    registry: Registry,
+) -> None:
+    site = Site(kube_api, registry)
+    context = site.context("scipy==1.14.1", "numpy==2.1.0")
+    name = builder_name(context.digest)
+    logs = [Lines(f"{site.ns}-{i}") for i in range(2)]
+    results: dict[int, BuildResult] = {}
+    start = threading.Barrier(2)
+
+    def prepare(i: int) -> None:
+        start.wait()
+        job = {"dag_id": "train", "run_id": f"run-{i}"}
+        results[i] = site.builder.ensure(
+            context, site.team, requested_by=job, logger=logs[i].logger
+        )
+
+    threads = [threading.Thread(target=prepare, args=(i,), daemon=True) for i in range(2)]
+    with site.kaniko.running(interval_s=0.05):
+        for t in threads:
+            t.start()
+        said = " | ".join  # both are waiting: one built its pod, the other joined it
+        wait_for("both jobs waiting", lambda: all(log.lines for log in logs))
+        lines = sorted(said(log.lines) for log in logs)
+        assert lines[0].startswith("building image") and "another job" in lines[1], lines
+        pods = wait_for(
+            "the pod running", lambda: [p for p in site.builders() if p.status.phase == "Running"]
+        )
+        assert [p.metadata.name for p in pods] == [name]
+        pod = pods[0]
+        check_builder_pod(site, context, pod)
+        site.kaniko.verdicts[name] = 0
+        for t in threads:
+            t.join(60)
+    pushed = results[0].digest
+    assert sorted(r.outcome for r in results.values()) == ["built", "joined"]
+    assert {r.digest for r in results.values()} == {pushed}
+    assert [(n, code) for n, _, code in site.kaniko.ended] == [(name, 0)]  # built once
+    assert site.builders() == [] and site.config_maps() == []  # cleaned up after the push
+    with site.kaniko.running(interval_s=0.05):  # a wrong build would end, not hang the test
+        again = site.builder.ensure(context, site.team)
+    assert again == BuildResult(site.settings.reference(context.digest), pushed, "present")
+
+
+def check_builder_pod(site: Site, context: BuildContext, pod: client.V1Pod) -> None:
+    """What the builder pod and its ConfigMap carry, as the API server stored them."""
+    meta, spec = pod.metadata, pod.spec
+    tag = tag_for(context.digest)
+    assert meta.labels == {
+        "app.kubernetes.io/managed-by": "berth",
+        "app.kubernetes.io/name": "berth-image-build",
+        "app.kubernetes.io/component": "image-builder",
+        "berth.io/build": tag,
+        "berth.io/team": site.team,
+    }
+    assert meta.annotations["berth.io/context-digest"] == context.digest
+    assert meta.annotations["berth.io/image"] == f"{site.registry.host}/berth/envs:{tag}"
+    assert "run-" in meta.annotations["berth.io/requested-by"]
+    kaniko = spec.containers[0]
+    assert kaniko.image == "gcr.io/kaniko-project/executor:v1.23.2"
+    assert kaniko.args[:4] == [
+        "--context=tar:///workspace/context.tar.gz",
+        "--dockerfile=Dockerfile",
+        f"--destination={site.registry.host}/berth/envs:{tag}",
+        "--digest-file=/dev/termination-log",
+    ]
+    assert {"--insecure", "--insecure-pull"} <= set(kaniko.args)
+    assert kaniko.resources.limits == kaniko.resources.requests
+    assert kaniko.resources.limits == {"cpu": "2", "memory": "4Gi", "ephemeral-storage": "20Gi"}
+    assert kaniko.termination_message_policy == "FallbackToLogsOnError"
+    assert kaniko.security_context.allow_privilege_escalation is False
+    assert spec.security_context.run_as_user == 0 and spec.restart_policy == "Never"
+    assert spec.automount_service_account_token is False and spec.active_deadline_seconds == 1800
+    mounts = {m.name: m.mount_path for m in kaniko.volume_mounts}
+    assert mounts == {"context": "/workspace", "push-login": "/kaniko/.docker"}
+    volumes = {v.name: v for v in spec.volumes}
+    assert volumes["push-login"].secret.secret_name == "berth-push"
+    assert volumes["push-login"].secret.items[0].path == "config.json"
+    cm = site.core.read_namespaced_config_map(volumes["context"].config_map.name, site.ns)
+    assert [(o.kind, o.name, o.uid) for o in cm.metadata.owner_references] == [
+        ("Pod", meta.name, meta.uid)
+    ]
+    tarball = gzip.decompress(base64.b64decode(cm.binary_data["context.tar.gz"]))
+    assert tarball == context.tarball()
+    with tarfile.open(fileobj=io.BytesIO(tarball)) as tar:
+        files = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers()}
+    assert files["requirements.txt"] == "numpy==2.1.0\nscipy==1.14.1\n"
+    assert f"FROM {site.registry.host}/berth/job-base:0.1.0\n" in files["Dockerfile"]
+    assert files["Dockerfile"].endswith("USER 1000:1000\n")
+
+
+def test_a_failed_build_says_why_keeps_its_pod_and_a_retry_builds_anew(
+    kube_api: KubeAPI,  # noqa: F811
+    registry: Registry,
+) -> None:
+    site = Site(kube_api, registry)
+    context = site.context()
+    name = builder_name(context.digest)
+    site.kaniko.verdicts[name] = 1
+    with site.kaniko.running(interval_s=0.05), pytest.raises(BuildError) as err:
+        site.builder.ensure(context, site.team)
+    text = str(err.value)
+    assert f"failed in pod {site.ns}/{name} (exit code 1)" in text
+    assert PIP_FAILED in text and "environment.requirements: pip could not install" in text
+    assert "its log cannot be read through the API server" in text  # no kubelet to ask
+    assert not err.value.retryable  # fix the requirements first
+    [kept] = site.builders()
+    assert kept.status.phase == "Failed" and len(site.config_maps()) == 1
+    # A push the registry refused may pass later: retryable.
+    site.kaniko.failure = PUSH_REFUSED
+    with site.kaniko.running(interval_s=0.05), pytest.raises(BuildError) as err:
+        site.builder.ensure(context, site.team)
+    assert err.value.retryable and PUSH_REFUSED in str(err.value)
+    [second] = site.builders()
+    assert second.metadata.uid != kept.metadata.uid  # the failed pod was replaced, not reused
+    site.kaniko.verdicts[name] = 0
+    with site.kaniko.running(interval_s=0.05):
+        got = site.builder.ensure(context, site.team)
+    assert got.outcome == "built" and site.builders() == [] and site.config_maps() == []
+    assert [code for _, _, code in site.kaniko.ended] == [1, 1, 0]
+
+
+def test_a_builder_that_cannot_start_is_deleted_and_names_the_setting(
+    kube_api: KubeAPI,  # noqa: F811
+    registry: Registry,
+) -> None:
+    site = Site(kube_api, registry)
+    site.kaniko.pull_error = "gcr.io/kaniko-project/executor:v1.23.2: not found"
+    with site.kaniko.running(interval_s=0.05), pytest.raises(BuildError) as err:
+        site.builder.ensure(site.context(), site.team)
+    assert str(err.value).startswith("BERTH_BUILD_KANIKO_IMAGE: builder pod")
+    assert "ErrImagePull" in str(err.value) and not err.value.retryable
+    assert site.builders() == [] and site.config_maps() == []
+    # No node takes the pod (no stand-in runs): the start timeout, on a clock the test moves.
+    now = [0.0]
+    slow = ImageBuilder(
+        kube_api.admin, site.settings.model_copy(update={"start_timeout_s": 5.0, "poll_s": 1.0}),
+        clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s),
+    )  # fmt: skip
+    with pytest.raises(BuildError, match="did not start within 5 s") as err:
+        slow.ensure(site.context(), site.team)
+    assert "BERTH_BUILD_PUSH_SECRET (berth-push)" in str(err.value) and err.value.retryable
+    assert site.builders() == []
+
+
+def test_a_restricted_namespace_refuses_the_builder_and_says_how_to_allow_it(
+    kube_api: KubeAPI,  # noqa: F811
+    registry: Registry,
+) -> None:
+    site = Site(kube_api, registry)
+    site.core.patch_namespace(
+        site.ns, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    )
+    with pytest.raises(BuildError) as err:
+        site.builder.ensure(site.context(), site.team)
+    assert "label it pod-security.kubernetes.io/enforce=baseline" in str(err.value)
+    assert "runAsNonRoot" in str(err.value) and not err.value.retryable
+    assert site.builders() == [] and site.config_maps() == []
+
+
+# --- least privilege: docker/rbac/berth-builder.yaml with a ServiceAccount token ----------------
+
+REPO = Path(__file__).resolve().parents[1]
+BUILDER_RBAC = REPO / "docker" / "rbac" / "berth-builder.yaml"
+
+
+def builder_rbac(kube: KubeAPI, team_namespace: str) -> tuple[str, list[dict[str, Any]]]:
+    """The shipped YAML with names made unique to this test (the server is shared): the
+    ClusterRole gets a suffix, the RoleBinding goes to `team_namespace`, its subject to a new
+    system namespace with the `berth-runtime` ServiceAccount. Returns that namespace and docs."""
+    suffix = kube.unique_name("builder")
+    system = kube.create_namespace("berth-system")
+    kube.create_service_account(system, "berth-runtime")
+    docs = list(yaml.safe_load_all(BUILDER_RBAC.read_text()))
+    for doc in docs:
+        meta = doc["metadata"]
+        if doc["kind"] == "ClusterRole":
+            meta["name"] = f"{meta['name']}-{suffix}"
+        else:
+            meta["namespace"] = team_namespace
+            doc["roleRef"]["name"] = f"{doc['roleRef']['name']}-{suffix}"
+            doc["subjects"] = [{**s, "namespace": system} for s in doc["subjects"]]
+    return system, docs
+
+
+def test_the_shipped_builder_rbac_builds_and_allows_nothing_more(
+    kube_api: KubeAPI,  # noqa: F811
+    registry: Registry,
+) -> None:
+    probe = Site(kube_api, registry)
+    system, docs = builder_rbac(kube_api, probe.ns)
+    for doc in docs:  # what `kubectl apply --server-side --dry-run=server` would say: accepted
+        got = DryRun(kube_api).apply(doc)
+        assert got["metadata"]["name"] == doc["metadata"]["name"]
+    rbac = client.RbacAuthorizationV1Api(kube_api.admin)
+    rbac.create_cluster_role(docs[0])
+    rbac.create_namespaced_role_binding(probe.ns, docs[1])
+    token = kube_api.service_account_client(system, "berth-runtime")
+    site = probe
+    site.builder = ImageBuilder(token, site.settings)  # the ServiceAccount's builder from now on
+    context = site.context()
+    name = builder_name(context.digest)
+    site.kaniko.verdicts[name] = 1
+    with site.kaniko.running(interval_s=0.05), pytest.raises(BuildError) as err:
+        site.builder.ensure(context, site.team)  # create, poll, read the log: all allowed
+    assert "its log cannot be read" in str(err.value) and "forbidden" not in str(err.value)
+    site.kaniko.verdicts[name] = 0
+    with site.kaniko.running(interval_s=0.05):  # replace the failed pod, wait, delete
+        assert site.builder.ensure(context, site.team).outcome == "built"
+    assert site.builders() == [] and site.config_maps() == []
+
+    core = client.CoreV1Api(token)
+    elsewhere = kube_api.create_namespace("berth-other")
+    refused = [
+        lambda: core.list_namespaced_secret(site.ns),
+        lambda: core.read_namespaced_secret("berth-push", site.ns),
+        lambda: core.list_namespaced_config_map(site.ns),
+        lambda: core.create_namespaced_config_map(elsewhere, {"metadata": {"name": "x"}}),
+        lambda: core.create_namespaced_pod(elsewhere, {"metadata": {"name": "x"}}),
+        lambda: core.connect_get_namespaced_pod_exec(name, site.ns),
+        lambda: core.list_secret_for_all_namespaces(),
+    ]
+    for call in refused:
+        with pytest.raises(client.ApiException) as no:
+            call()
+        assert no.value.status == 403, no.value.body
+    with pytest.raises(
+        BuildError, match=r"bind the ClusterRole of docker/rbac/berth-builder\.yaml"
+    ):
+        ImageBuilder(token, site.settings.model_copy(update={"namespace": elsewhere})).ensure(
+            site.context("other==1.0"), site.team
+        )
+
+
+# --- the lifecycle's steps on Kubernetes (operators/steps.py, operators/environment.py) ---------
+
+
+def test_prepare_env_gives_the_run_task_an_image_to_launch(
+    kube_api: KubeAPI,  # noqa: F811
+    registry: Registry,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from operators.environment import spec_for_launch
+    from operators.steps import PrepareEnvironmentOperator, ValidateSpecOperator
+    from scheduling.spec import JobSpec
+
+    site = Site(kube_api, registry)
+    spec = {
+        "name": "train", "team": "vision", "command": ["python", "train.py"],
+        "gpus_per_replica": 1, "environment": {"requirements": [f"pkg-{site.ns}==2.0"]},
+    }  # fmt: skip
+    context = {"ti": _TaskInstance(), "params": {}}
+    monkeypatch.setenv("BERTH_HOME", str(tmp_path))
+    monkeypatch.setenv("BERTH_RUNTIME", "kubernetes")
+    monkeypatch.setenv("BERTH_CLUSTER", str(REPO / "config" / "local-cluster.yaml"))  # declared
+    monkeypatch.setenv("KUBECONFIG", str(kube_api.write_kubeconfig(tmp_path / "kubeconfig")))
+    monkeypatch.delenv("BERTH_BUILD_REGISTRY", raising=False)
+    validate = ValidateSpecOperator(task_id="validate", spec=spec)
+    with pytest.raises(AirflowFailException, match="BERTH_BUILD_REGISTRY: not set"):
+        validate.execute(context)
+    for name, value in {
+        "BERTH_BUILD_REGISTRY": registry.host, "BERTH_BUILD_INSECURE_REGISTRY": "1",
+        "BERTH_BUILD_ALLOW_ROOT": "1", "BERTH_BUILD_PUSH_SECRET": "berth-push",
+        "BERTH_BUILD_NAMESPACE": site.ns,  # team 'vision' of config/teams.yaml builds here
+        "BERTH_BUILD_BASE_IMAGE": site.settings.base,
+    }.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    assert validate.execute(context) == {"name": "train", "team": "vision"}
+    with pytest.raises(AirflowFailException, match=r"environment\.python: 3\.12 was asked for"):
+        ValidateSpecOperator(task_id="v2", spec=spec | {"environment": {"python": "3.12"}}).execute(
+            context
+        )
+
+    ctx = site.context(f"pkg-{site.ns}==2.0")
+    name = builder_name(ctx.digest)
+    site.kaniko.verdicts[name] = 0
+    prepare = PrepareEnvironmentOperator(task_id="prepare_env", spec=spec)
+    with site.kaniko.running(interval_s=0.05):  # (a wrong second build would end, not hang)
+        xcom, again = prepare.execute(context), prepare.execute(context)
+    digest = xcom["digest"]
+    assert xcom == {
+        "kind": "image", "source": "built", "digest": digest, "context_digest": ctx.digest,
+        "image": f"{registry.host}/berth/envs:{tag_for(ctx.digest)}@{digest}",
+    }  # fmt: skip
+    assert again == xcom | {"source": "present"}  # the second time: in the registry
+    # What the run task launches: the image in place of the environment, a valid spec.
+    launched = spec_for_launch(JobSpec.model_validate(spec), xcom)
+    assert JobSpec.model_validate(launched.model_dump(mode="json")) == launched
+    assert (launched.image, launched.environment) == (xcom["image"], None)
+    # A failed build that pip caused fails the task without a retry.
+    failing = spec | {"environment": {"requirements": ["no-such-package-xyz"]}}
+    site.kaniko.verdicts[builder_name(site.context("no-such-package-xyz").digest)] = 1
+    with (
+        site.kaniko.running(interval_s=0.05),
+        pytest.raises(AirflowFailException, match=PIP_FAILED),
+    ):
+        PrepareEnvironmentOperator(task_id="prepare_env", spec=failing).execute(context)
+    # A job that gives its image: that image, nothing built, no build settings needed.
+    monkeypatch.delenv("BERTH_BUILD_REGISTRY")
+    given = spec | {"environment": None, "image": "ghcr.io/org/train:1.0"}
+    got = PrepareEnvironmentOperator(task_id="prepare_env", spec=given).execute(context)
+    assert (got["image"], got["source"]) == ("ghcr.io/org/train:1.0", "spec")
+
+
+class _TaskInstance:
+    dag_id, run_id, task_id, try_number, map_index = "train_dag", "manual__1", "prepare_env", 1, -1
