@@ -23,6 +23,8 @@ RESERVED_ENV = frozenset(
     | {"MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"}
     | {"MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "MLFLOW_SYSTEM_METRICS_NODE_ID"}
     | {"MLFLOW_ENABLE_ASYNC_LOGGING", "MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE"}
+    # The platform's (BERTH_SYSTEM_METRICS_INTERVAL_S): every sample costs the MLflow server.
+    | {"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"}
 )
 RESERVED_PREFIX = "BERTH_"  # staging adds BERTH_INPUT_<i>, BERTH_INPUT_<NAME>, ...
 Topology = Literal["any", "gpu_group", "node", "rack", "block"]  # cluster.TOPOLOGY_CHOICES

@@ -1,10 +1,12 @@
 """Artifact collection from a job's working directory: locally, and to moto's S3 server over
-HTTP (read back with boto3 and compared by sha256). Nothing is mocked."""
+HTTP (read back with boto3 and compared by sha256), by the library and as the platform's
+BERTH_ARTIFACTS_S3_PREFIX setting. Nothing is mocked."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -14,6 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from s3server import S3Server
 
+from operators.staging import collect_attempt
+from scheduling.settings import BerthSettings
+from scheduling.settings import settings as berth_settings
 from scheduling.staging import ArtifactError, ArtifactManifest, collect_artifacts
 
 
@@ -125,6 +130,108 @@ def test_a_missing_bucket_raises_after_keeping_the_local_copy(aws, tmp_path: Pat
             work, ["model.pt"], dest, s3_prefix="s3://gone/x", s3_endpoint_url=aws.endpoint_url
         )
     assert [f.path for f in ArtifactManifest.read(dest).files] == ["model.pt"]
+
+
+# -- the platform's setting: BERTH_ARTIFACTS_S3_PREFIX ------------------------------------------
+
+
+def platform_env(monkeypatch: pytest.MonkeyPatch, home: Path, prefix: str, endpoint: dict) -> None:
+    monkeypatch.setenv("BERTH_HOME", str(home))
+    monkeypatch.setenv("BERTH_ARTIFACTS_S3_PREFIX", prefix)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    for name, value in endpoint.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize("endpoint_var", ["MLFLOW_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL"])
+def test_the_platform_copies_every_attempt_under_its_s3_prefix(
+    aws: S3Server, tmp_path: Path, monkeypatch, caplog, endpoint_var: str
+) -> None:
+    bucket = f"berth-{endpoint_var.lower().replace('_', '-')}"
+    client = aws.client()
+    client.create_bucket(Bucket=bucket)
+    endpoint = {endpoint_var: aws.endpoint_url}
+    platform_env(monkeypatch, tmp_path / "home", f"s3://{bucket}/platform/", endpoint)
+    s = berth_settings()
+    outputs = {  # attempt 1 failed half way: a checkpoint and its log, no model
+        1: {"ckpt/step-100.pt": os.urandom(3000), "logs/stderr.txt": b"CUDA error: out of memory"},
+        2: {"ckpt/step-200.pt": os.urandom(5000), "model.pt": b"weights" * 500},
+    }
+    got = {}
+    for attempt, files in outputs.items():
+        write(s.workdir("job-7", attempt), files)
+        with caplog.at_level(logging.INFO):
+            got[attempt] = collect_attempt(
+                ["model.pt", "ckpt", "logs"],
+                s.workdir("job-7", attempt),
+                s.artifacts_dir / "job-7" / str(attempt),
+                logging.getLogger("task"),
+            )
+        assert got[attempt].s3_prefix == f"s3://{bucket}/platform/job-7/{attempt}"
+
+    for attempt, files in outputs.items():
+        base = f"platform/job-7/{attempt}/"
+        listed = client.list_objects_v2(Bucket=bucket, Prefix=base)["Contents"]
+        sizes = {o["Key"].removeprefix(base): o["Size"] for o in listed}
+        assert sizes.pop("manifest.json") > 0
+        assert sizes == {rel: len(data) for rel, data in files.items()}
+        for f in got[attempt].files:
+            body = client.get_object(Bucket=bucket, Key=base + f.path)["Body"].read()
+            assert f.size == len(files[f.path]) and f.sha256 == sha(files[f.path]) == sha(body)
+            assert f.s3_uri == f"s3://{bucket}/{base}{f.path}"
+        remote = client.get_object(Bucket=bucket, Key=base + "manifest.json")["Body"].read()
+        assert ArtifactManifest.model_validate_json(remote) == got[attempt]
+    assert got[1].missing == ("model.pt",)
+    assert f"-> s3://{bucket}/platform/job-7/1/" in caplog.text
+    # The collect step after the run task collects the attempt again: nothing is sent twice.
+    collect_attempt(["model.pt", "ckpt"], s.workdir("job-7", 2), s.artifacts_dir / "job-7" / "2")
+    assert aws.count("PUT", f"/{bucket}/platform/job-7/2/model.pt") == 1
+    assert aws.count("PUT", f"/{bucket}/platform/job-7/2/manifest.json") == 2
+
+
+def test_a_failed_upload_is_a_warning_and_the_local_copy_stays(
+    aws: S3Server, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    endpoint = {"MLFLOW_S3_ENDPOINT_URL": aws.endpoint_url}
+    platform_env(monkeypatch, tmp_path / "home", "s3://no-such-bucket/x", endpoint)
+    s = berth_settings()
+    write(s.workdir("job-8", 1), {"model.pt": b"m"})
+    dest = s.artifacts_dir / "job-8" / "1"
+    with caplog.at_level(logging.WARNING):
+        got = collect_attempt(["model.pt"], s.workdir("job-8", 1), dest, logging.getLogger("t"))
+    assert "not copied to S3 (the job is not failed for it)" in caplog.text
+    assert "cannot use bucket 'no-such-bucket'" in caplog.text
+    assert [(f.path, f.s3_uri) for f in got.files] == [("model.pt", None)]
+    assert got.s3_prefix is None and ArtifactManifest.read(dest) == got
+    assert (dest / "model.pt").read_bytes() == b"m"
+
+
+PREFIX = "BERTH_ARTIFACTS_S3_PREFIX"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {PREFIX: "ml-artifacts/x"},
+            rf"{PREFIX} must be s3://bucket/prefix, got '.*'; e\.g\. 's3:",
+        ),
+        ({PREFIX: "s3://ML_Artifacts/x"}, rf"{PREFIX}: 'ML_Artifacts' is not a valid S3 bucket"),
+        (
+            {PREFIX: "s3://ml-artifacts", "MLFLOW_S3_ENDPOINT_URL": "minio:9000"},
+            r"MLFLOW_S3_ENDPOINT_URL: must be an http\(s\) URL .*'minio:9000'; e\.g\. 'http://",
+        ),
+    ],
+)
+def test_a_bad_s3_setting_names_the_variable_and_the_fix(env: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BerthSettings.from_env(env)
+
+
+def test_without_the_setting_artifacts_stay_local() -> None:
+    s = BerthSettings.from_env({"MLFLOW_S3_ENDPOINT_URL": "minio:9000"})  # only checked with it
+    assert s.artifacts_s3_prefix is None
 
 
 _name = st.text(alphabet="abcxyz019_-", min_size=1, max_size=6)

@@ -76,7 +76,7 @@ def test_a_replica_logs_to_its_attempt_with_plain_mlflow(server, tmp_path):
         "        mlflow.log_metric('loss', 1.0 / (step + 1), step=step)\n"
     )
     env = {**os.environ, **tracker.attempt_env(run), "MLFLOW_SYSTEM_METRICS_NODE_ID": "n0-rank1"}
-    env["MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"] = "false"  # sampling needs seconds; not here
+    env["MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING"] = "false"  # see test_system_metrics.py
     subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=tmp_path, timeout=120)
     history = MlflowClient(server.uri).get_metric_history(run.run_id, "loss")
     assert [m.step for m in history] == [0, 1, 2, 3, 4]

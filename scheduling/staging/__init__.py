@@ -141,7 +141,8 @@ def stage(
     input is fetched unless the cache holds a valid entry for its content identity; concurrent
     stagers of the same content wait for one download. `verify_cached=False` trusts a cached
     entry whose size matches instead of re-hashing it (for inputs too large to read each time).
-    `s3_endpoint_url` is used unless BERTH_S3_ENDPOINT_URL or MLFLOW_S3_ENDPOINT_URL is set.
+    The S3 endpoint is `s3_endpoint_url` when given, else BERTH_S3_ENDPOINT_URL or
+    MLFLOW_S3_ENDPOINT_URL, else boto3's own.
     """
     if isinstance(inputs, str):
         raise TypeError(f"inputs must be a list of URIs, got the string {inputs!r}; write [uri]")

@@ -4,7 +4,12 @@ to S3, and record a manifest (relative path, size, sha256 of every file) for MLf
 Collection runs after failed attempts too (partial checkpoints, logs), so nothing the job did or
 did not write is an error: a pattern that matches nothing is listed as missing, and a file that
 cannot be read, or a symlink that points outside the working directory (which would copy files
-the job does not own), is listed as skipped with the reason. Only S3 upload failures raise.
+the job does not own), is listed as skipped with the reason. Only S3 upload failures raise
+(ArtifactError), and only after the local copy and its manifest are written.
+
+The S3 copy (`upload_artifacts`) puts every file under the prefix with its sha256 in the object's
+metadata, skips a file already there with the same size and sha256 (an attempt collected twice,
+by the run task and by the collect step, is uploaded once), and uploads the manifest last.
 
 Patterns are the job spec's artifact paths: a relative file or directory, or a glob (`*`, `?`,
 `[...]`, and `**` for any depth), e.g. `checkpoints/*.pt`, `logs/**/*.txt`.
@@ -15,6 +20,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -22,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from boto3.exceptions import Boto3Error
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel, ConfigDict
 
@@ -30,6 +37,10 @@ from scheduling.staging.cache import CHUNK, write_meta
 from scheduling.staging.sources import S3_FIX, s3_client
 
 MANIFEST = "manifest.json"
+# S3's bucket naming rules (which MinIO and other S3-compatible stores follow too).
+BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+# What boto3 raises for a request that failed: its own upload errors are not botocore's.
+_S3_ERRORS = (ClientError, BotoCoreError, Boto3Error)
 
 
 class ArtifactError(Exception):
@@ -86,13 +97,13 @@ def collect_artifacts(
     s3_endpoint_url: str | None = None,
 ) -> ArtifactManifest:
     """Copy the artifacts matching `patterns` from `workdir` to `dest` (keeping relative paths),
-    write `dest/manifest.json`, and upload both under `s3_prefix` (s3://bucket/prefix) if given.
-
-    The manifest is uploaded last, so that its presence in S3 means every file is there.
+    write `dest/manifest.json`, and upload both under `s3_prefix` (s3://bucket/prefix) if given
+    (see `upload_artifacts`; raises ArtifactError after the local copy is complete).
     """
     if isinstance(patterns, str):
         raise TypeError(f"patterns must be a list of paths, got the string {patterns!r}")
-    bucket, prefix = _parse_prefix(s3_prefix) if s3_prefix is not None else ("", "")
+    if s3_prefix is not None:
+        parse_s3_prefix(s3_prefix)  # a bad prefix is refused before anything is copied
     for i, pattern in enumerate(patterns):
         try:
             artifact_path(pattern)
@@ -117,7 +128,6 @@ def collect_artifacts(
     manifest = ArtifactManifest(
         workdir=str(workdir),
         dest=str(dest),
-        s3_prefix=s3_prefix,
         collected_at=datetime.now(UTC),
         patterns=tuple(patterns),
         files=tuple(files),
@@ -126,19 +136,59 @@ def collect_artifacts(
     )
     _write(manifest, dest)
     if s3_prefix is not None:
-        client = s3_client(s3_endpoint_url)
-        manifest = _upload(manifest, dest, client, bucket, prefix)
-        _write(manifest, dest)
-        _upload_one(client, dest / MANIFEST, bucket, prefix + MANIFEST)
+        manifest = upload_artifacts(manifest, s3_prefix, s3_endpoint_url=s3_endpoint_url)
     return manifest
 
 
-def _parse_prefix(s3_prefix: str) -> tuple[str, str]:
+def upload_artifacts(
+    manifest: ArtifactManifest, s3_prefix: str, *, s3_endpoint_url: str | None = None
+) -> ArtifactManifest:
+    """Upload a collection (its files in `manifest.dest`) under `s3_prefix` (s3://bucket/prefix)
+    and return its manifest with the S3 locations, also rewritten in `dest/manifest.json`.
+
+    The endpoint is `s3_endpoint_url`, else BERTH_S3_ENDPOINT_URL or MLFLOW_S3_ENDPOINT_URL, else
+    boto3's own (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the AWS config). A file already there
+    with the same size and sha256 is not sent again. The manifest goes last, so that its
+    presence in S3 means every file is there. Raises ArtifactError, naming the object and the
+    fix; the local copy stays as it is.
+    """
+    bucket, prefix = parse_s3_prefix(s3_prefix)
+    dest = Path(manifest.dest)
+    try:
+        client = s3_client(s3_endpoint_url)
+    except ValueError as e:  # boto3 refuses a malformed endpoint URL
+        raise ArtifactError(
+            f"s3_prefix {s3_prefix}: no S3 client ({e}); {S3_FIX}; the artifacts are kept in {dest}"
+        ) from None
+    try:
+        client.head_bucket(Bucket=bucket)
+    except _S3_ERRORS as e:
+        raise ArtifactError(
+            f"s3_prefix {s3_prefix}: cannot use bucket {bucket!r} ({e}); create it or "
+            f"{S3_FIX}; the artifacts are kept in {dest}"
+        ) from None
+    uploaded = []
+    for f in manifest.files:
+        if not _same_object(client, bucket, prefix + f.path, f):
+            _upload_one(client, dest / f.path, bucket, prefix + f.path, {"sha256": f.sha256})
+        uploaded.append(f.model_copy(update={"s3_uri": f"s3://{bucket}/{prefix}{f.path}"}))
+    manifest = manifest.model_copy(update={"s3_prefix": s3_prefix, "files": tuple(uploaded)})
+    _write(manifest, dest)
+    _upload_one(client, dest / MANIFEST, bucket, prefix + MANIFEST)
+    return manifest
+
+
+def parse_s3_prefix(s3_prefix: str, field: str = "s3_prefix") -> tuple[str, str]:
+    """s3://bucket/some/prefix -> ('bucket', 'some/prefix/'); ValueError naming `field` and the
+    fix for anything else (another scheme, no bucket, a name S3 refuses)."""
     parts = urlsplit(s3_prefix)
-    if parts.scheme != "s3" or not parts.netloc:
+    example = "e.g. 's3://ml-artifacts/berth'"
+    if parts.scheme != "s3" or not parts.netloc or parts.query or parts.fragment:
+        raise ValueError(f"{field} must be s3://bucket/prefix, got {s3_prefix!r}; {example}")
+    if not BUCKET_RE.fullmatch(parts.netloc) or ".." in parts.netloc:
         raise ValueError(
-            f"s3_prefix must be s3://bucket/prefix, got {s3_prefix!r}; e.g. "
-            "'s3://ml-artifacts/team/job/attempt-1'"
+            f"{field}: {parts.netloc!r} is not a valid S3 bucket name (3-63 lowercase letters, "
+            f"digits, '.' and '-', starting and ending with a letter or digit); {example}"
         )
     prefix = parts.path.strip("/")
     return parts.netloc, f"{prefix}/" if prefix else ""
@@ -209,21 +259,14 @@ def _write(manifest: ArtifactManifest, dest: Path) -> None:
     write_meta(dest / MANIFEST, manifest.model_dump(mode="json"))
 
 
-def _upload(
-    manifest: ArtifactManifest, dest: Path, client: Any, bucket: str, prefix: str
-) -> ArtifactManifest:
+def _same_object(client: Any, bucket: str, key: str, f: ArtifactFile) -> bool:
+    """Whether `key` already holds this file (same size, same sha256 in its metadata)."""
     try:
-        client.head_bucket(Bucket=bucket)
-    except (ClientError, BotoCoreError) as e:
-        raise ArtifactError(
-            f"s3_prefix {manifest.s3_prefix}: cannot use bucket {bucket!r} ({e}); create it or "
-            f"{S3_FIX}; the artifacts are kept in {dest}"
-        ) from None
-    uploaded = []
-    for f in manifest.files:
-        _upload_one(client, dest / f.path, bucket, prefix + f.path, {"sha256": f.sha256})
-        uploaded.append(f.model_copy(update={"s3_uri": f"s3://{bucket}/{prefix}{f.path}"}))
-    return manifest.model_copy(update={"files": tuple(uploaded)})
+        head = client.head_object(Bucket=bucket, Key=key)
+    except _S3_ERRORS:
+        return False  # absent (404), or unreadable: upload it, and let the upload say why
+    same_sha = head.get("Metadata", {}).get("sha256") == f.sha256
+    return same_sha and head.get("ContentLength") == f.size
 
 
 def _upload_one(
@@ -232,7 +275,7 @@ def _upload_one(
     extra = {"Metadata": metadata} if metadata else None
     try:
         client.upload_file(str(path), bucket, key, ExtraArgs=extra)
-    except (ClientError, BotoCoreError, OSError) as e:
+    except (*_S3_ERRORS, OSError) as e:
         raise ArtifactError(
             f"upload of {path} to s3://{bucket}/{key} failed ({e}); {S3_FIX}; the artifacts "
             f"are kept in {path.parent}"

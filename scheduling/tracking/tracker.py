@@ -10,8 +10,9 @@ image, placement), tags (the Airflow coordinates and a link back to the task), a
 measures (queue wait, run time, exit status, preemptions). The training code writes its own
 metrics and models with plain `mlflow` calls: `attempt_env` gives each replica the tracking URI
 and the attempt's run id (`MLFLOW_RUN_ID`, which `mlflow.start_run()` resumes), and turns on
-MLflow's system metrics (the runtime names each rank's node id, so a gang's ranks are told
-apart).
+MLflow's system metrics, sampled every `system_metrics_interval_s` when the platform sets it
+(the runtime names each rank's node id, so a gang's ranks are told apart:
+`system/<node>-rank<r>/cpu_utilization_percentage`).
 
 Runs are found again by tags, so a task that resumes after a restart reuses its runs instead of
 creating new ones. Writes after the job ran go through the spool (see `spool.py`) when the
@@ -62,10 +63,18 @@ class AttemptRun:
 class JobTracker:
     """Creates and closes the runs of jobs and attempts; see the module doc."""
 
-    def __init__(self, tracking_uri: str, spool_dir: Path) -> None:
+    def __init__(
+        self, tracking_uri: str, spool_dir: Path, *, system_metrics_interval_s: float | None = None
+    ) -> None:
+        if system_metrics_interval_s is not None and not system_metrics_interval_s > 0:
+            raise ValueError(
+                f"system_metrics_interval_s: must be above 0 s, got {system_metrics_interval_s}; "
+                "or None for MLflow's default"
+            )
         self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.spool = Spool(spool_dir)
+        self.system_metrics_interval_s = system_metrics_interval_s
 
     # -- before a run: these must reach the server (the job needs the run id) --------------
 
@@ -115,7 +124,7 @@ class JobTracker:
         """What every replica needs so that plain `mlflow` calls land on the attempt's run
         (`mlflow.start_run()` resumes MLFLOW_RUN_ID). The runtime adds a per-rank
         MLFLOW_SYSTEM_METRICS_NODE_ID, so a gang's system metrics are told apart."""
-        return {
+        env = {
             "MLFLOW_TRACKING_URI": self.tracking_uri,
             "MLFLOW_EXPERIMENT_ID": run.experiment_id,
             "MLFLOW_RUN_ID": run.run_id,
@@ -129,6 +138,11 @@ class JobTracker:
             # pool, and the requests it refused (400) are not retried.
             "MLFLOW_ASYNC_LOGGING_THREADPOOL_SIZE": "1",
         }
+        if self.system_metrics_interval_s is not None:
+            # MLflow logs every sample (MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING defaults
+            # to 1), after a status check: about two requests per replica per interval.
+            env["MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"] = str(self.system_metrics_interval_s)
+        return env
 
     # -- after a run: these may wait for the server (spooled) ------------------------------
 
