@@ -26,7 +26,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
 from operators.context import settings
-from operators.environment import prepare_environment
+from operators.environment import prepare_environment, prepare_image, spec_for_launch
 from operators.job import SpecArg, job_id_for, labels_for, resolve_spec
 from operators.launching import (
     Launched,
@@ -37,7 +37,7 @@ from operators.launching import (
 )
 from operators.release import release_job
 from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
-from operators.staging import collect_attempt, stage_inputs
+from operators.staging import collect_attempt, stage_inputs, stage_on_cluster
 from operators.tracking import MlflowRunLink, TaskRef, close_attempt, push_run_url
 from operators.triggers import AdmissionTrigger, CompletionTrigger
 from scheduling.spec import JobSpec, SpecError
@@ -135,9 +135,19 @@ class BerthRunOperator(BaseOperator):
         return None
 
     def _plan(self, context: Context, spec: JobSpec) -> LaunchPlan:
-        return LaunchPlan(
-            spec.model_dump(mode="json"), self._platform_env(context, spec), TaskRef.of(context)
-        )
+        env = self._platform_env(context, spec)
+        if settings().runtime_kind == "kubernetes":  # the prepared image replaces `environment`
+            spec = spec_for_launch(spec, self._prepared_image(context, spec))
+        return LaunchPlan(spec.model_dump(mode="json"), env, TaskRef.of(context))
+
+    def _prepared_image(self, context: Context, spec: JobSpec) -> dict[str, Any]:
+        """The prepare step's XCom; without one (a run task used on its own), prepared here."""
+        ti = context["ti"]
+        prepared = ti.xcom_pull(task_ids=self.prepare_task_id) if self.prepare_task_id else None
+        if prepared is None:
+            builder = settings().image_builder() if spec.environment is not None else None
+            prepared = prepare_image(spec, builder, logger=self.log).to_dict()
+        return prepared
 
     def _defer_admission(self, job_id: str, plan: LaunchPlan) -> None:
         self.defer(
@@ -205,11 +215,13 @@ class BerthRunOperator(BaseOperator):
 
     def _platform_env(self, context: Context, spec: JobSpec) -> dict[str, str]:
         """PATH with the job's environment first, and where the staged inputs are (local
-        runtime; on Kubernetes the image is the environment)."""
+        runtime); on Kubernetes the image is the environment, and only the staged inputs'
+        variables (paths in the team's data volume) are added."""
         s = settings()
-        if s.runtime_kind == "kubernetes":
-            return {}
         ti = context["ti"]
+        if s.runtime_kind == "kubernetes":
+            staged = ti.xcom_pull(task_ids=self.stage_task_id) if self.stage_task_id else None
+            return stage_on_cluster(s.runtime(), spec, self.log) if staged is None else staged
         prepared = ti.xcom_pull(task_ids=self.prepare_task_id) if self.prepare_task_id else None
         if prepared is None:
             prepared = prepare_environment(spec, s.envs_dir).to_dict()

@@ -13,10 +13,11 @@ from airflow.sdk import BaseOperator, Context, TriggerRule
 from airflow.sdk.exceptions import AirflowFailException
 
 from operators.context import settings
-from operators.environment import EnvironmentBuildError, prepare_environment
-from operators.job import SpecArg, job_id_for, raw_spec, resolve_spec
+from operators.environment import EnvironmentBuildError, prepare_environment, prepare_image
+from operators.job import SpecArg, job_id_for, labels_for, raw_spec, resolve_spec
 from operators.release import release_job
-from operators.staging import StagingError, collect_attempt, stage_inputs
+from operators.staging import StagingError, collect_attempt, stage_inputs, stage_on_cluster
+from scheduling.spec import JobSpec
 from scheduling.store import UnknownJobError
 
 
@@ -45,11 +46,8 @@ class ValidateSpecOperator(_SpecStep):
     def execute(self, context: Context) -> dict[str, Any]:
         s = settings()
         spec = resolve_spec(self.spec, context, cluster=s.cluster(), teams=s.teams())
-        if s.runtime_kind == "kubernetes" and spec.image is None:
-            raise AirflowFailException(
-                "image: the Kubernetes runtime runs container images; build the job's "
-                "environment into an image (docker/job-base is a base) and set `image`"
-            )
+        if s.runtime_kind == "kubernetes" and spec.environment is not None:
+            _check_buildable(spec)
         self.log.info(
             "spec ok: %s for team %s, %d x %g GPU(s)",
             spec.name,
@@ -60,11 +58,32 @@ class ValidateSpecOperator(_SpecStep):
         return {"name": spec.name, "team": spec.team}
 
 
+def _check_buildable(spec: JobSpec) -> None:
+    """On Kubernetes an `environment` becomes an image built in the cluster: fail validation
+    at once (no retry) when the BERTH_BUILD_* settings are missing or bad, or cannot build it."""
+    from scheduling.runtime.kubernetes.images import (
+        BuildConfigError,
+        ImageBuildSettings,
+        ImageSettingsError,
+        environment_context,
+    )
+
+    assert spec.environment is not None
+    try:
+        environment_context(spec.environment, ImageBuildSettings.from_env())
+    except (ImageSettingsError, BuildConfigError) as e:
+        raise AirflowFailException(f"the job's environment cannot be built:\n{e}") from None
+
+
 class PrepareEnvironmentOperator(_SpecStep):
-    """Build (or find) the job's virtualenv; XCom: where its `python` is."""
+    """Build (or find) the job's environment. Embedded default: a virtualenv, XCom: where its
+    `python` is. Kubernetes: an image (built in the cluster, or found in the registry), XCom
+    (`PreparedImage.to_dict()`): `image`, the reference the run task launches."""
 
     def execute(self, context: Context) -> dict[str, Any]:
         spec = resolve_spec(self.spec, context)
+        if settings().runtime_kind == "kubernetes":
+            return self._image(spec, context)
         try:
             prepared = prepare_environment(spec, settings().envs_dir)
         except EnvironmentBuildError as e:  # a bad requirement does not get better by retrying
@@ -72,15 +91,36 @@ class PrepareEnvironmentOperator(_SpecStep):
         self.log.info("environment: %s (%s)", prepared.python, prepared.kind)
         return prepared.to_dict()
 
+    def _image(self, spec: JobSpec, context: Context) -> dict[str, Any]:
+        from scheduling.runtime.kubernetes.build import BuildError
+        from scheduling.runtime.kubernetes.images import BuildConfigError, ImageSettingsError
+
+        try:
+            builder = settings().image_builder() if spec.environment is not None else None
+            task = {k: v for k, v in labels_for(context, self.task_id).items() if k != "map_index"}
+            prepared = prepare_image(spec, builder, requested_by=task, logger=self.log)
+        except (ImageSettingsError, BuildConfigError) as e:  # the admin's or the spec's to fix
+            raise AirflowFailException(str(e)) from None
+        except BuildError as e:  # retryable ones (a timeout, a push refused) and RegistryError
+            if not e.retryable:  # (the registry may answer next time) go to Airflow's retries
+                raise AirflowFailException(str(e)) from None
+            raise
+        self.log.info("image: %s (%s)", prepared.image, prepared.source)
+        return prepared.to_dict()
+
 
 class StageDataOperator(_SpecStep):
-    """Copy the job's inputs into the content-addressed cache; XCom: the replicas' variables."""
+    """Copy the job's inputs into the content-addressed cache (on Kubernetes: the team's data
+    volume, by a staging pod, decision 0008); XCom: the replicas' variables."""
 
     def execute(self, context: Context) -> dict[str, str]:
+        s = settings()
         spec = resolve_spec(self.spec, context)
         try:
-            return stage_inputs(spec.inputs, settings().data_dir, self.log)
-        except StagingError as e:  # checked before any download: nothing to retry
+            if s.runtime_kind == "kubernetes":
+                return stage_on_cluster(s.runtime(), spec, self.log)
+            return stage_inputs(spec.inputs, s.data_dir, self.log)
+        except (StagingError, ValueError) as e:  # the inputs' or the settings': no retry helps
             raise AirflowFailException(str(e)) from None
 
 

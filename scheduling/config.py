@@ -206,7 +206,8 @@ def build_teams(spec: TeamsSpec) -> dict[str, Team]:
     return out
 
 
-def _read_yaml(path: Path) -> Any:
+def read_yaml(path: Path) -> Any:
+    """The YAML at `path`; ConfigError when it is missing or malformed."""
     try:
         return yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
@@ -215,7 +216,8 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
 
 
-def _explain(path: Path, err: ValidationError) -> ConfigError:
+def explain(path: Path, err: ValidationError) -> ConfigError:
+    """Every problem of `err`, one line each, with its field path under `path`."""
     lines = [f"{path}: {len(err.errors())} problem(s)"]
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
@@ -227,7 +229,7 @@ def parse_cluster(data: Any, source: str = "cluster.yaml") -> Cluster:
     try:
         return build_cluster(ClusterSpec.model_validate(data))
     except ValidationError as e:
-        raise _explain(Path(source), e) from None
+        raise explain(Path(source), e) from None
 
 
 def parse_teams(data: Any, source: str = "teams.yaml") -> dict[str, Team]:
@@ -236,14 +238,14 @@ def parse_teams(data: Any, source: str = "teams.yaml") -> dict[str, Team]:
     try:
         return build_teams(TeamsSpec.model_validate(data))
     except ValidationError as e:
-        raise _explain(Path(source), e) from None
+        raise explain(Path(source), e) from None
 
 
 def load_cluster(path: Path) -> Cluster:
     """Read and validate a cluster.yaml."""
-    return parse_cluster(_read_yaml(path), str(path))
+    return parse_cluster(read_yaml(path), str(path))
 
 
 def load_teams(path: Path) -> dict[str, Team]:
     """Read and validate a teams.yaml (a list of teams, or a mapping with `teams:`)."""
-    return parse_teams(_read_yaml(path), str(path))
+    return parse_teams(read_yaml(path), str(path))
