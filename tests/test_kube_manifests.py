@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubernetes import client, dynamic
 
+from scheduling.runtime.kubernetes.config import KubeConfig, load_kube_config
 from scheduling.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, TopologyLabels
 from scheduling.runtime.kubernetes.pods import KubeSettings, _security
 
@@ -286,9 +287,12 @@ def test_the_pod_template_is_what_the_executor_and_the_runtime_need() -> None:
     }
     assert env["MLFLOW_TRACKING_URI"]["value"].startswith("http")
     mounts = {m["mountPath"]: m["name"] for m in base["volumeMounts"]}
-    assert mounts["/etc/berth"] == "berth-config"  # where BERTH_CLUSTER and BERTH_TEAMS point
-    assert env["BERTH_CLUSTER"]["value"].startswith("/etc/berth/")
+    assert mounts["/etc/berth"] == "berth-config"  # where BERTH_TEAMS and the settings point
+    assert "BERTH_CLUSTER" not in env  # discovered from the nodes, not declared
     assert env["BERTH_TEAMS"]["value"].startswith("/etc/berth/")
+    assert env["BERTH_KUBE_SETTINGS"]["value"] == "/etc/berth/kube.yaml"
+    # The shipped settings file is valid and says only what the defaults say.
+    assert load_kube_config(REPO / "docker" / "config" / "kube.yaml") == KubeConfig()
 
 
 # --- the Helm values ---------------------------------------------------------------------------
