@@ -17,39 +17,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
+source scripts/lib/go-cache.sh
+go_cache_locate build-kube "$root/tools/kube" k8s.io/kubernetes \
+  "${BERTH_KUBE_CACHE:-$HOME/.cache/berth/kube}" kube-apiserver
 src="$root/tools/kube"
-export PATH="/usr/local/go/bin:$PATH"
-# The go directive in go.mod is met by the installed Go; never let Go fetch a toolchain.
-export GOTOOLCHAIN=local
-
-# The version of k8s.io/kubernetes that go.mod requires (inside or outside a require block).
-version=$(awk '$0 !~ /=>|^[[:space:]]*\/\// {
-  for (i = 1; i < NF; i++) if ($i == "k8s.io/kubernetes") { print $(i + 1); exit }
-}' "$src/go.mod")
-if [[ -z "$version" ]]; then
-  echo "build-kube: no requirement of k8s.io/kubernetes in $src/go.mod" >&2
-  exit 1
-fi
-hash=$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-12)
-cache="${BERTH_KUBE_CACHE:-$HOME/.cache/berth/kube}"
-dir="$cache/$version-$hash"
-bin="$dir/kube-apiserver"
 if [[ "${1:-}" == "--where" ]]; then  # only say where the binary belongs; build nothing
   echo "$bin"
   exit 0
 fi
 
-mkdir -p "$dir"
-# One build at a time per cache entry: a second caller waits, then finds the binary.
-exec 9>"$dir/.lock"
-flock 9
-if [[ -x "$bin" ]]; then
+if ! go_cache_lock build-kube; then
   echo "build-kube: reusing cached kube-apiserver $version" >&2
 else
-  if ! command -v go >/dev/null; then
-    echo "build-kube: Go not found (expected /usr/local/go/bin/go)" >&2
-    exit 1
-  fi
   major=${version#v}; major=${major%%.*}
   minor=${version#v*.}; minor=${minor%%.*}
   echo "build-kube: building kube-apiserver $version (cold build: many minutes)..." >&2

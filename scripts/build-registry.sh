@@ -14,39 +14,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
+source scripts/lib/go-cache.sh
+go_cache_locate build-registry "$root/tools/registry" github.com/google/go-containerregistry \
+  "${BERTH_REGISTRY_CACHE:-$HOME/.cache/berth/registry}" registry
 src="$root/tools/registry"
-export PATH="/usr/local/go/bin:$PATH"
-# The go directive in go.mod is met by the installed Go; never let Go fetch a toolchain.
-export GOTOOLCHAIN=local
-
-# The version of go-containerregistry that go.mod requires (inside or outside a require block).
-version=$(awk '$0 !~ /=>|^[[:space:]]*\/\// {
-  for (i = 1; i < NF; i++) if ($i == "github.com/google/go-containerregistry") { print $(i + 1); exit }
-}' "$src/go.mod")
-if [[ -z "$version" ]]; then
-  echo "build-registry: no requirement of github.com/google/go-containerregistry in $src/go.mod" >&2
-  exit 1
-fi
-hash=$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-12)
-cache="${BERTH_REGISTRY_CACHE:-$HOME/.cache/berth/registry}"
-dir="$cache/$version-$hash"
-bin="$dir/registry"
 if [[ "${1:-}" == "--where" ]]; then  # only say where the binary belongs; build nothing
   echo "$bin"
   exit 0
 fi
 
-mkdir -p "$dir"
-# One build at a time per cache entry: a second caller waits, then finds the binary.
-exec 9>"$dir/.lock"
-flock 9
-if [[ -x "$bin" ]]; then
+if ! go_cache_lock build-registry; then
   echo "build-registry: reusing cached registry $version" >&2
 else
-  if ! command -v go >/dev/null; then
-    echo "build-registry: Go not found (expected /usr/local/go/bin/go)" >&2
-    exit 1
-  fi
   echo "build-registry: building go-containerregistry's registry $version..." >&2
   start=$(date +%s)
   # Shared 2-core machines: build at low priority.

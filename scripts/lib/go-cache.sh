@@ -1,0 +1,42 @@
+# Sourced by scripts/build-kube.sh and scripts/build-registry.sh: a Go binary built from a pinned
+# module in tools/<name>/ and cached under <cache>/<version>-<hash>/, where the hash covers the
+# module's go.mod, go.sum and main.go, so a changed pin builds anew, never a stale binary. The
+# tests compute the same path (tests/kubeapi.py, tests/oci_registry.py: keep them in step).
+
+export PATH="/usr/local/go/bin:$PATH"
+# The go directive in go.mod is met by the installed Go; never let Go fetch a toolchain.
+export GOTOOLCHAIN=local
+
+# go_cache_locate TAG SRC MODULE CACHE NAME: sets `version` (MODULE's in SRC/go.mod, inside or
+# outside a require block), `dir` and `bin` (where the binary NAME belongs).
+go_cache_locate() {
+  local tag=$1 src=$2 module=$3 cache=$4 name=$5 hash
+  version=$(awk -v module="$module" '$0 !~ /=>|^[[:space:]]*\/\// {
+    for (i = 1; i < NF; i++) if ($i == module) { print $(i + 1); exit }
+  }' "$src/go.mod")
+  if [[ -z "$version" ]]; then
+    echo "$tag: no requirement of $module in $src/go.mod" >&2
+    exit 1
+  fi
+  hash=$(cat "$src/go.mod" "$src/go.sum" "$src/main.go" | sha256sum | cut -c1-12)
+  dir="$cache/$version-$hash"
+  bin="$dir/$name"
+}
+
+# go_cache_lock TAG: one build at a time per cache entry (a second caller waits, then finds the
+# binary); then fails unless the binary is cached or Go is there to build it. Returns 0 when
+# the binary must be built, 1 when it is cached.
+go_cache_lock() {
+  local tag=$1
+  mkdir -p "$dir"
+  exec 9>"$dir/.lock"
+  flock 9
+  if [[ -x "$bin" ]]; then
+    return 1
+  fi
+  if ! command -v go >/dev/null; then
+    echo "$tag: Go not found (expected /usr/local/go/bin/go)" >&2
+    exit 1
+  fi
+  return 0
+}
