@@ -1,8 +1,15 @@
-"""The lifecycle under real Airflow (`dag.test()`) with BERTH_RUNTIME=kubernetes: the run task
-launches the gang as pods on the project's real kube-apiserver, exactly on the engine's nodes;
-a stand-in kubelet (tests/kubelet_standin.py) runs them. No container runs: there is no kubelet
-here, so the pods' phases and exit codes come from the stand-in, and their logs cannot be read
-(the task log says so)."""
+"""The lifecycle under real Airflow (`dag.test()`) with BERTH_RUNTIME=kubernetes, against the
+project's real kube-apiserver: the run task launches the gang as pods exactly on the engine's
+nodes, and a stand-in kubelet (tests/kubelet_standin.py) runs them. No container runs: there is
+no kubelet here, so the pods' phases and exit codes come from the stand-ins, and their logs
+cannot be read (the task log says so).
+
+The second test adds what a job's other steps do on Kubernetes: prepare_env builds the job's
+`environment` into an image with a Kaniko builder pod (tests/test_kube_build.py's stand-in
+pushes to a real OCI registry), stage_data fills the team's data volume with a staging pod (its
+own command run on this machine, the volume a directory: tests/test_kube_volumes.py), and the
+replicas run the pinned image and read the staged file from the read-only mount.
+"""
 
 from __future__ import annotations
 
@@ -10,28 +17,49 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
+from contextlib import AbstractContextManager, ExitStack
+from pathlib import Path, PurePosixPath
+from typing import Any
 
+import httpx
 import yaml
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
-from kubelet_standin import KubeletStandin, make_node
+from kubelet_standin import KubeletStandin, bind, make_node
 from kubernetes import client
+from oci_registry import OCI_MANIFEST, Registry
+from test_kube_build import Site, registry  # noqa: F401 (the module's registry fixture)
+from test_kube_runtime import ensure_priority_class
+from test_kube_volumes import MOUNT, PodRunner, create_data_claim
 
 from scheduling.config import load_cluster, load_teams
-from scheduling.store import Store
+from scheduling.runtime.kubernetes.build_manifests import builder_name
+from scheduling.runtime.kubernetes.images import (
+    ImageBuildSettings,
+    environment_context,
+    tag_for,
+)
+from scheduling.runtime.kubernetes.pods import COMPONENT
+from scheduling.runtime.kubernetes.staging import staging_name
+from scheduling.spec import Environment
+from scheduling.store import JobStatus, Store
 
 REPO = Path(__file__).resolve().parent.parent
-RBAC_YAML = REPO / "docker" / "rbac" / "berth-runtime.yaml"
+TEAMS = REPO / "config" / "teams.yaml"
+DAG_TIMEOUT_S = 300  # dag.test() takes 30-60 s on a busy 2-core machine
 
 DRIVER = """
 import json, runpy, sys
 mod = runpy.run_path(sys.argv[1])
 dag = next(v for v in mod.values() if type(v).__name__ == "DAG")
 dr = dag.test()
+from airflow.models.xcom import XComModel
 from airflow.utils.session import create_session
 with create_session() as s:
     tis = {ti.task_id: [str(ti.state), ti.try_number] for ti in dr.get_task_instances(session=s)}
-print("RESULT " + json.dumps({"state": str(dr.state), "run_id": dr.run_id, "tis": tis}))
+    rows = s.scalars(XComModel.get_many(run_id=dr.run_id, dag_ids=dag.dag_id, key="return_value"))
+    xcoms = {x.task_id: XComModel.deserialize_value(x) for x in rows}
+result = {"state": str(dr.state), "run_id": dr.run_id, "tis": tis, "xcoms": xcoms}
+print("RESULT " + json.dumps(result, default=str))
 """
 
 DAG = """
@@ -39,69 +67,46 @@ from airflow.sdk import DAG
 from operators import gpu_job
 
 with DAG("t_kube", schedule=None, catchup=False) as dag:
-    gpu_job(
-        {
-            "name": "kube-gang",
-            "team": "vision",
-            "image": "registry.example/berth/train:1.0",
-            "command": ["python", "train.py"],
-            "replicas": 2,
-            "gpus_per_replica": 4,
-            "memory_gb_per_replica": 8,
-        },
-        group_id="train",
-        poll_s=0.5,
-    )
+    gpu_job({spec!r}, group_id="train", poll_s=0.5)
 """
 
+GANG = {"command": ["python", "train.py"], "replicas": 2, "gpus_per_replica": 4,
+        "memory_gb_per_replica": 8}  # fmt: skip
 
-def test_a_gang_runs_as_pods_on_the_engines_nodes(kube_api: KubeAPI, tmp_path: Path) -> None:  # noqa: F811
-    core = kube_api.core
-    doc = next(d for d in yaml.safe_load_all(RBAC_YAML.read_text()) if d["kind"] == "PriorityClass")
-    try:
-        client.SchedulingV1Api(kube_api.admin).create_priority_class(doc)
-    except client.ApiException as e:
-        if e.status != 409:  # shipped once per server; other tests may have made it
-            raise
-    nodes = [kube_api.unique_name("gpu"), kube_api.unique_name("gpu")]
+
+# --- the setting both tests share --------------------------------------------------------------
+
+
+def gpu_cluster(kube: KubeAPI, tmp_path: Path, count: int = 2) -> tuple[list[str], Path]:
+    """`count` 4-GPU nodes on the API server (and Berth's PriorityClass), and the engine's view
+    of the same nodes (the declared form of what the inventory finds): names, cluster YAML."""
+    ensure_priority_class(kube.admin)
+    nodes = [kube.unique_name("gpu") for _ in range(count)]
     for name in nodes:
-        make_node(core, name, gpus=4, cpu="32", memory="256Gi")
-    namespace = "berth-vision"
-    try:
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-        kube_api.create_service_account(namespace, "default")
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
-    # The engine's view of the same two nodes (the declared form of what the inventory finds).
+        make_node(kube.core, name, gpus=4, cpu="32", memory="256Gi")
     cluster_yaml = tmp_path / "cluster.yaml"
-    cluster_yaml.write_text(
-        yaml.safe_dump(
-            {
-                "name": "kube-test",
-                "nodes": [
-                    {"name": n, "gpus": 4, "gpu_groups": 1, "cpus": 32, "memory_gb": 256}
-                    for n in nodes
-                ],
-            }
-        )
-    )
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    (dags / "t_kube.py").write_text(DAG)
+    rows = [{"name": n, "gpus": 4, "gpu_groups": 1, "cpus": 32, "memory_gb": 256} for n in nodes]
+    cluster_yaml.write_text(yaml.safe_dump({"name": "kube-test", "nodes": rows}))
+    return nodes, cluster_yaml
+
+
+def airflow_env(kube: KubeAPI, tmp_path: Path, cluster_yaml: Path, **extra: str) -> dict[str, str]:
+    """The environment of a `dag.test()` process on the Kubernetes runtime (plus `extra`), with
+    its Airflow database migrated."""
     home = tmp_path / "airflow"
     home.mkdir()
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(tmp_path / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
         "BERTH_HOME": str(tmp_path / "berth"),
         "BERTH_RUNTIME": "kubernetes",
         "BERTH_CLUSTER": str(cluster_yaml),
-        "KUBECONFIG": str(kube_api.write_kubeconfig(tmp_path / "kubeconfig")),
+        "KUBECONFIG": str(kube.write_kubeconfig(tmp_path / "kubeconfig")),
         "PYTHONPATH": str(REPO),
+        **extra,
     }
     env.pop("MLFLOW_TRACKING_URI", None)
     migrate = subprocess.run(
@@ -112,35 +117,220 @@ def test_a_gang_runs_as_pods_on_the_engines_nodes(kube_api: KubeAPI, tmp_path: P
         timeout=300,
     )
     assert migrate.returncode == 0, migrate.stderr[-3000:]
+    return env
+
+
+def run_dag(
+    env: dict[str, str], tmp_path: Path, spec: dict[str, Any], *beside: AbstractContextManager
+) -> tuple[dict[str, Any], str]:
+    """Run a DAG of one `gpu_job(spec)` with `dag.test()` in a process, while the stand-ins'
+    `beside` blocks run; checks the run succeeded. Returns its result and its output."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "t_kube.py").write_text(DAG.format(spec=spec))
+    with ExitStack() as stack:
+        for block in beside:
+            stack.enter_context(block)
+        done = subprocess.run(
+            [sys.executable, "-c", DRIVER, str(dags / "t_kube.py")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=DAG_TIMEOUT_S,
+        )
+    out = done.stdout + done.stderr
+    assert "RESULT " in out, out[-5000:]
+    result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+    errors = [line for line in out.splitlines() if "error" in line.lower()]
+    why = "\n".join([json.dumps(result["tis"]), *errors[-20:], out[-3000:]])
+    assert result["state"] == "success", why
+    return result, out
+
+
+def the_job(tmp_path: Path, cluster_yaml: Path) -> JobStatus:
+    """The one job in the store of the `dag.test()` process."""
+    url = f"sqlite:///{tmp_path / 'berth' / 'berth.db'}"
+    with Store(url, load_cluster(cluster_yaml), load_teams(TEAMS)) as store:
+        [job] = store.jobs()
+    return job
+
+
+def ensure_namespace(kube: KubeAPI, name: str) -> None:
+    """The namespace and its `default` ServiceAccount, unless an earlier test made them."""
+    try:
+        kube.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+        kube.create_service_account(name, "default")
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+
+
+# --- a gang of pods -----------------------------------------------------------------------------
+
+
+def test_a_gang_runs_as_pods_on_the_engines_nodes(kube_api: KubeAPI, tmp_path: Path) -> None:  # noqa: F811
+    nodes, cluster_yaml = gpu_cluster(kube_api, tmp_path)
+    ensure_namespace(kube_api, "berth-vision")  # the default namespace_template's
+    env = airflow_env(kube_api, tmp_path, cluster_yaml)
     seen: dict[str, str] = {}
 
     def outcome(pod: client.V1Pod) -> int | None:
         seen[pod.metadata.name] = pod.spec.node_name  # where the runtime bound it
         return 0  # each replica runs once it is Running, and exits 0
 
-    with KubeletStandin(core, nodes, outcome).running():
-        done = subprocess.run(
-            [sys.executable, "-c", DRIVER, str(dags / "t_kube.py")],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    out = done.stdout + done.stderr
-    assert "RESULT " in out, out[-5000:]
-    result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
-    assert result["state"] == "success", out[-5000:]
-    assert result["tis"]["train.run"][0] == "success"
-    store = Store(
-        f"sqlite:///{tmp_path / 'berth' / 'berth.db'}",
-        load_cluster(cluster_yaml),
-        load_teams(REPO / "config" / "teams.yaml"),
+    spec = {"name": "kube-gang", "team": "vision", "image": "registry.example/berth/train:1.0"}
+    result, out = run_dag(
+        env, tmp_path, spec | GANG, KubeletStandin(kube_api.core, nodes, outcome).running()
     )
-    with store:
-        [job] = store.jobs()
-        assert job.state == "succeeded" and job.attempt == 1
-        placed = sorted(r.node for r in job.placement)
+    assert result["tis"]["train.run"][0] == "success"
+    job = the_job(tmp_path, cluster_yaml)
+    assert job.state == "succeeded" and job.attempt == 1
     # One pod per replica, each bound to the node the engine chose for it (a 4-GPU replica per
     # 4-GPU node: the two nodes).
-    assert sorted(seen.values()) == placed == sorted(nodes)
+    assert sorted(seen.values()) == sorted(r.node for r in job.placement) == sorted(nodes)
     assert "replica logs unavailable" in out  # no kubelet to serve them: said, not hidden
+
+
+# --- the whole lifecycle: an image built, inputs staged, the gang on both ----------------------
+
+
+class TeamNodes(KubeletStandin):
+    """The kubelet of the GPU nodes and of a CPU node for staging pods, and the kube-scheduler's
+    part for staging pods (bound to that node; replicas come bound by the runtime). A staging
+    pod runs its own command here (`PodRunner`: the data volume is a directory); a replica is
+    recorded as the API server stored it, and exits 0."""
+
+    def __init__(self, kube: KubeAPI, namespace: str, gpu_nodes: list[str], volume: Path) -> None:
+        self.stage_node = kube.unique_name("cpu")
+        make_node(kube.core, self.stage_node, gpus=0, cpu="8", memory="32Gi")
+        super().__init__(kube.core, [*gpu_nodes, self.stage_node], self._outcome)
+        self.namespace = namespace
+        self.run_staging = PodRunner(volume, volume.parent)
+        self.staging: list[client.V1Pod] = []
+        self.replicas: dict[str, client.V1Pod] = {}
+
+    def sync(self) -> int:
+        found = self.api.list_namespaced_pod(self.namespace, label_selector=f"{COMPONENT}=staging")
+        for pod in found.items:
+            if not pod.spec.node_name and pod.metadata.deletion_timestamp is None:
+                bind(self.api, self.namespace, pod.metadata.name, self.stage_node)
+        return super().sync()
+
+    def _outcome(self, pod: client.V1Pod) -> int | tuple[int, str]:
+        if pod.spec.node_name == self.stage_node:
+            self.staging.append(pod)
+            return self.run_staging(pod)
+        self.replicas[pod.metadata.name] = pod
+        return 0
+
+
+def manifest_digest(reg: Registry, repository: str, tag: str) -> str:
+    """The digest the registry serves for `repository:tag` (a manifest HEAD, as any client)."""
+    got = httpx.head(
+        f"{reg.url}/v2/{repository}/manifests/{tag}", headers={"Accept": OCI_MANIFEST}, timeout=10
+    )
+    assert got.status_code == 200, got.text
+    return got.headers["Docker-Content-Digest"]
+
+
+def test_an_environment_job_with_inputs_runs_its_built_image_on_staged_data(
+    kube_api: KubeAPI,  # noqa: F811
+    registry: Registry,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # The team's namespace (Pod Security 'baseline', which builds need), its push Secret, a
+    # build node with Kaniko's stand-in; and the team's ReadWriteMany data volume there.
+    site = Site(kube_api, registry)
+    create_data_claim(kube_api, site.ns)
+    nodes, cluster_yaml = gpu_cluster(kube_api, tmp_path)
+    kube_settings = tmp_path / "kube.yaml"
+    staging_image = "registry.example.com/berth/airflow:0.1.0"
+    kube_settings.write_text(
+        yaml.safe_dump(
+            {
+                "pods": {
+                    "team_namespaces": {"vision": site.ns},
+                    "data_volume": {"claim": "berth-data", "staging_image": staging_image},
+                }
+            }
+        )
+    )
+    build = {
+        "BERTH_BUILD_REGISTRY": registry.host, "BERTH_BUILD_INSECURE_REGISTRY": "1",
+        "BERTH_BUILD_ALLOW_ROOT": "1", "BERTH_BUILD_PUSH_SECRET": "berth-push",
+        "BERTH_BUILD_BASE_IMAGE": site.settings.base, "BERTH_BUILD_TIMEOUT_S": "120",
+    }  # fmt: skip
+    env = airflow_env(
+        kube_api, tmp_path, cluster_yaml, BERTH_KUBE_SETTINGS=str(kube_settings), **build
+    )
+    source = tmp_path / "src" / "train.csv"
+    source.parent.mkdir()
+    source.write_text("x,y\n1,2\n3,4\n")
+    requirement = f"pkg-{site.ns}==1.0"  # a context no other test has built
+    spec = {
+        "name": "kube-env-data", "team": "vision", "inputs": [source.as_uri()],
+        "environment": {"requirements": [requirement]},
+    }  # fmt: skip
+    # What the prepare step will build: the context of these settings, and its pod's name.
+    settings = ImageBuildSettings.from_env(build)
+    context = environment_context(Environment(requirements=(requirement,)), settings)
+    assert context is not None
+    image = settings.reference(context.digest)  # <registry>/berth/envs:<tag>
+    builder = builder_name(context.digest)
+    site.kaniko.outcome = lambda pod: 0  # any builder pod pushes and succeeds: checked below
+    volume = tmp_path / "volume"  # the PVC's contents
+    volume.mkdir()
+    team = TeamNodes(kube_api, site.ns, nodes, volume)
+
+    result, out = run_dag(
+        env, tmp_path, spec | GANG, site.kaniko.running(interval_s=0.1), team.running()
+    )
+
+    assert {t: s for t, (s, _) in result["tis"].items()} == {
+        f"train.{step}": "success"
+        for step in ("validate", "prepare_env", "stage_data", "run", "collect_artifacts", "cleanup")
+    }
+    # Built once, by one builder pod that is gone now; the registry has the image it pushed.
+    assert [(name, code) for name, _, code in site.kaniko.ended] == [(builder, 0)]
+    assert site.builders() == [] and site.config_maps() == []
+    pushed = manifest_digest(registry, settings.repository, tag_for(context.digest))
+    pinned = f"{image}@{pushed}"
+    assert result["xcoms"]["train.prepare_env"] == {
+        "kind": "image", "image": pinned, "source": "built", "digest": pushed,
+        "context_digest": context.digest,
+    }  # fmt: skip
+    assert f"building image {image} in builder pod {site.ns}/{builder}" in out
+    assert f"image: {pinned} (built)" in out
+    # Staged once, by a staging pod running as the API server stored it, deleted once read.
+    [stager] = team.staging
+    assert stager.metadata.name == staging_name([source.as_uri()])
+    assert stager.spec.containers[0].image == staging_image
+    left = kube_api.core.list_namespaced_pod(site.ns, label_selector=f"{COMPONENT}=staging")
+    assert left.items == []
+    staged = result["xcoms"]["train.stage_data"]
+    entry = staged["BERTH_INPUT_0"]
+    assert PurePosixPath(entry).parent.parent == PurePosixPath(MOUNT, "entries")
+    assert PurePosixPath(entry).name == "train.csv"
+    assert staged == {
+        "BERTH_INPUT_0": entry, "BERTH_INPUT_COUNT": "1", "BERTH_INPUT_TRAIN_CSV": entry,
+    }  # fmt: skip
+    # The volume holds the file where the replicas are told to read it.
+    assert (volume / PurePosixPath(entry).relative_to(MOUNT)).read_text() == source.read_text()
+
+    job = the_job(tmp_path, cluster_yaml)
+    assert job.state == "succeeded" and job.attempt == 1
+    # Each replica: on the engine's node, the pinned image, the team's PVC read-only, the input.
+    pods = sorted(team.replicas.values(), key=lambda p: p.metadata.name)
+    assert len(pods) == 2
+    assert sorted(p.spec.node_name for p in pods) == sorted(r.node for r in job.placement)
+    assert sorted(p.spec.node_name for p in pods) == sorted(nodes)
+    for pod in pods:
+        (container,) = pod.spec.containers
+        assert container.image == pinned
+        (data,) = [v for v in pod.spec.volumes if v.persistent_volume_claim is not None]
+        assert data.persistent_volume_claim.claim_name == "berth-data"
+        assert data.persistent_volume_claim.read_only is True
+        (mount,) = [m for m in container.volume_mounts or () if m.name == data.name]
+        assert (mount.mount_path, mount.read_only) == (MOUNT, True)
+        variables = {e.name: e.value for e in container.env}
+        assert {k: variables.get(k) for k in staged} == staged

@@ -55,5 +55,5 @@ def test_settings_read_the_file_once_and_name_it_when_missing(tmp_path: Path) ->
             "BERTH_KUBE_SETTINGS": str(tmp_path / "absent.yaml"),
         }
     )
-    with pytest.raises(ConfigError, match="absent.yaml: no such file"):
+    with pytest.raises(ConfigError, match=r"absent\.yaml: no such file"):
         s.kube_config()
