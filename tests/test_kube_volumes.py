@@ -16,6 +16,8 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -320,6 +322,42 @@ def test_a_staging_pod_fills_the_volume_and_replicas_read_what_it_staged(
     env = {e.name: e.value for e in g.pods(launch)[launch.replicas[1].pod].spec.containers[0].env}
     assert env["BERTH_INPUT_1"] == str(staged.inputs[1].path)
     assert env["BERTH_INPUT_CORPUS"] == str(staged.inputs[1].path)
+
+
+def test_a_staging_pod_deleted_before_it_was_read_is_started_again(
+    kube: KubeAPI, tmp_path: Path
+) -> None:
+    """Two tasks staging the same inputs follow one pod, and the first to read it deletes it:
+    the other finds it gone and stages again (cheap: the volume's cache), not fail the job."""
+    g = data_gang(kube)
+    (tmp_path / "data.txt").write_text("x")
+    inputs = [(tmp_path / "data.txt").as_uri()]
+    name, got = staging_name(inputs), {}
+
+    def uid() -> str | None:
+        found = g.core.list_namespaced_pod(g.ns, field_selector=f"metadata.name={name}").items
+        return found[0].metadata.uid if found else None
+
+    def wait_for_pod(other_than: str | None) -> str:
+        deadline = time.monotonic() + 60
+        while (now := uid()) is None or now == other_than:
+            assert time.monotonic() < deadline, "no new staging pod"
+            time.sleep(0.05)
+        return now
+
+    def stage() -> None:
+        got["staged"] = g.runtime.stager.stage(g.team, inputs, poll_s=0.05)
+
+    stager = threading.Thread(target=stage, daemon=True)
+    stager.start()
+    first = wait_for_pod(None)
+    g.core.delete_namespaced_pod(name, g.ns, grace_period_seconds=0)  # read and deleted by another
+    wait_for_pod(first)  # the stager's second pod
+    bind(g.core, g.ns, name, g.nodes[0])
+    g.kubelet.outcome = PodRunner(tmp_path / "volume", tmp_path)
+    with g.kubelet.running(interval_s=0.05):
+        stager.join(60)
+    assert [(i.kind, i.size) for i in got["staged"].inputs] == [("file", 1)]
 
 
 def test_staging_problems_come_back_from_the_pod_naming_the_input(

@@ -43,11 +43,17 @@ MAX_RESULT = 4096  # bytes of a termination message that the kubelet keeps
 PROGRAM = "scheduling.runtime.kubernetes.staging"
 CONTAINER = "stage"
 _IMAGE_WAITS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
+_GONE_RETRIES = 3  # a pod deleted under us is started again, this many times in all
 
 
 class StagingPodFailed(RuntimeError):
     """The staging pod could not run or report (not the inputs' fault: StagingError is that);
     the message names the pod, what happened and the setting to check."""
+
+
+class StagingPodGone(StagingPodFailed):
+    """The pod was deleted before this task read its result: by another task that staged the
+    same inputs and read it first, or by a person. Staging again is cheap (the volume's cache)."""
 
 
 def staging_name(inputs: Sequence[str]) -> str:
@@ -221,6 +227,14 @@ class Stager:
         for the pod (up to `data_volume.staging_timeout_s`), then deletes it."""
         if not inputs:
             return StagedInputs()
+        for _ in range(_GONE_RETRIES):
+            try:
+                return self._stage_once(team, inputs, poll_s)
+            except StagingPodGone as e:
+                gone = e  # another stager of the same inputs read it first: stage again
+        raise gone
+
+    def _stage_once(self, team: str, inputs: Sequence[str], poll_s: float) -> StagedInputs:
         namespace, name = self.start(team, inputs)
         volume = self.settings.data_volume
         deadline = self.clock() + (volume.staging_timeout_s if volume else 0) + 60
@@ -283,7 +297,7 @@ class Stager:
         pod = self._pod(namespace, name)
         where = f"staging pod {namespace}/{name}"
         if pod is None:
-            raise StagingPodFailed(f"{where} is gone (deleted by someone else); stage again")
+            raise StagingPodGone(f"{where} is gone (deleted by someone else); stage again")
         statuses = pod.status.container_statuses or ()
         state = statuses[0].state if statuses else None
         if pod.status.phase in ("Pending", "Running"):
