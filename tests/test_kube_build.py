@@ -20,7 +20,7 @@ import logging
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from kubelet_standin import KubeletStandin, _conditions, _container_status, _ter
 from kubernetes import client
 from oci_registry import Registry, push_image, run_registry
 from test_kube_manifests import DryRun
+from waiting import wait_for
 
 from scheduling.runtime.kubernetes.build import BuildError, BuildResult, ImageBuilder
 from scheduling.runtime.kubernetes.build_manifests import SELECTOR, builder_name
@@ -171,16 +172,6 @@ class Site:
         return self.core.list_namespaced_config_map(self.ns, label_selector=SELECTOR).items
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 60.0) -> Any:
-    """Poll `check` until it is truthy: waiting on other threads and the API server."""
-    deadline = time.monotonic() + timeout_s
-    while not (got := check()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
-    return got
-
-
 class Lines(logging.Handler):
     def __init__(self, name: str) -> None:
         super().__init__()
@@ -236,11 +227,13 @@ def test_two_jobs_racing_for_a_new_context_make_one_builder_pod(
         for t in threads:
             t.start()
         said = " | ".join  # both are waiting: one built its pod, the other joined it
-        wait_for("both jobs waiting", lambda: all(log.lines for log in logs))
+        wait_for(lambda: all(log.lines for log in logs), "both jobs waiting", 60)
         lines = sorted(said(log.lines) for log in logs)
         assert lines[0].startswith("building image") and "another job" in lines[1], lines
         pods = wait_for(
-            "the pod running", lambda: [p for p in site.builders() if p.status.phase == "Running"]
+            lambda: [p for p in site.builders() if p.status.phase == "Running"],
+            "the pod running",
+            60,
         )
         assert [p.metadata.name for p in pods] == [name]
         pod = pods[0]

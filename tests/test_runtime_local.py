@@ -15,8 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import pytest
 from builders import cluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from waiting import wait_for
 
 from scheduling.jobs import Placement, ReplicaPlacement
 from scheduling.runtime import GangStatus, LaunchError, LocalLaunch, LocalRuntime, LogCursor
@@ -31,16 +31,6 @@ from scheduling.runtime.base import replica_env
 from scheduling.runtime.shim import group_members, proc_stat
 
 PY = sys.executable
-DEADLINE_S = 30.0  # generous: the machine is shared; a pass takes well under a second
-
-
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := cond()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
-    return value
 
 
 def alive(pid: int) -> bool:

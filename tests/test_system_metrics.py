@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import sys
 import textwrap
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from builders import cluster
 from mlflow.tracking import MlflowClient
 from mlflow_server import MlflowServer
+from waiting import wait_for
 
 from scheduling.jobs import Placement, ReplicaPlacement
 from scheduling.runtime import LocalRuntime
@@ -57,15 +56,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     srv.start()
     yield srv
     srv.stop()
-
-
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := cond()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.2)
-    return value
 
 
 def nvml_works() -> bool:
@@ -125,10 +115,14 @@ def test_each_rank_logs_system_metrics_under_its_own_node_id(
         return history if all(len(h) >= 2 for h in history.values()) else None
 
     try:
-        history = wait_for(two_samples_per_rank, "two system-metrics samples of every rank")
+        history = wait_for(
+            two_samples_per_rank, "two system-metrics samples of every rank", DEADLINE_S, 0.2
+        )
     finally:
         stop.touch()
-        ended = wait_for(lambda: (g := rt.poll(launch)).state != "running" and g, "the gang")
+        ended = wait_for(
+            lambda: (g := rt.poll(launch)).state != "running" and g, "the gang", DEADLINE_S
+        )
     assert ended.state == "succeeded", ended.message
     lines, _ = rt.logs(launch)
     for rank, node in enumerate(nodes):

@@ -1,0 +1,20 @@
+"""Waiting in tests for what other processes and threads do: poll, never sleep blindly."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = 30.0, every: float = 0.05) -> Any:
+    """Call `cond` until it returns something truthy, and return that; fail the test naming
+    `what` after `timeout` seconds. `every` only paces the polling."""
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+    return value
