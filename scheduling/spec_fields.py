@@ -95,6 +95,10 @@ def requirement(v: str) -> str:
     example = "e.g. 'torch==2.3.1' or 'pkg @ https://host/pkg.whl'"
     if not v.strip():
         raise ValueError(f"must not be empty; remove it or name a package, {example}")
+    if any(c in v for c in "\r\n\x00"):
+        # One requirement is one line of requirements.txt: a newline would smuggle in a second
+        # line, e.g. '-r /kaniko/.docker/config.json', which pip quotes in its error.
+        raise ValueError(f"must be one line, got {v!r}; give each package as its own item")
     if v.lstrip().startswith("-"):
         raise ValueError(
             f"pip options such as '-r file' or '--index-url' are not supported, got {v!r}; "

@@ -275,7 +275,7 @@ def test_an_environment_job_with_inputs_runs_its_built_image_on_staged_data(
     settings = ImageBuildSettings.from_env(build)
     context = environment_context(Environment(requirements=(requirement,)), settings)
     assert context is not None
-    image = settings.reference(context.digest)  # <registry>/berth/envs:<tag>
+    image = settings.reference(context.digest, "vision")  # <registry>/berth/envs:<tag>
     builder = builder_name(context.digest)
     site.kaniko.outcome = lambda pod: 0  # any builder pod pushes and succeeds: checked below
     volume = tmp_path / "volume"  # the PVC's contents

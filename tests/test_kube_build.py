@@ -192,7 +192,7 @@ def test_an_image_already_in_the_registry_needs_no_builder_pod(
     context = site.context("numpy==2.1.0", "einops")
     pushed = push_image(registry, site.settings.repository, tag_for(context.digest))
     got = site.builder.ensure(context, site.team)
-    assert got == BuildResult(site.settings.reference(context.digest), pushed, "present")
+    assert got == BuildResult(site.settings.reference(context.digest, site.team), pushed, "present")
     assert got.pinned == f"{registry.host}/berth/envs:{tag_for(context.digest)}@{pushed}"
     assert site.builders() == [] and site.config_maps() == []
     # The same requirements in another order are the same context: still nothing to build.
@@ -248,7 +248,9 @@ def test_two_jobs_racing_for_a_new_context_make_one_builder_pod(
     assert site.builders() == [] and site.config_maps() == []  # cleaned up after the push
     with site.kaniko.running(interval_s=0.05):  # a wrong build would end, not hang the test
         again = site.builder.ensure(context, site.team)
-    assert again == BuildResult(site.settings.reference(context.digest), pushed, "present")
+    assert again == BuildResult(
+        site.settings.reference(context.digest, site.team), pushed, "present"
+    )
 
 
 def check_builder_pod(site: Site, context: BuildContext, pod: client.V1Pod) -> None:

@@ -15,7 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from oci_registry import push_image, run_registry
+from pydantic import ValidationError
 
+from scheduling.runtime.kubernetes.build_manifests import builder_name
 from scheduling.runtime.kubernetes.images import (
     BuildConfigError,
     ImageBuildSettings,
@@ -49,7 +51,8 @@ def test_settings_come_from_berth_build_variables() -> None:
     )  # fmt: skip
     assert got.push_secret == "berth-push" and got.timeout_s == 900
     assert got.base == "registry.example.com:5000/berth/job-base:0.1.0"  # docker/job-base
-    assert got.reference("sha256:" + "ab" * 32) == f"registry.example.com:5000/ml/envs:{'ab' * 16}"
+    digest = "sha256:" + "ab" * 32
+    assert got.reference(digest, "vision") == f"registry.example.com:5000/ml/envs:{'ab' * 16}"
 
 
 @pytest.mark.parametrize(
@@ -182,3 +185,18 @@ def test_credentials_come_from_a_docker_config(tmp_path: Path) -> None:
     config.write_text("{not json")
     with pytest.raises(RegistryError, match=r"BERTH_BUILD_REGISTRY_AUTH_FILE .*cannot be read"):
         credentials_for("r.example.com", config)
+
+
+def test_one_repository_per_team_keeps_teams_images_and_builds_apart() -> None:
+    shared = ImageBuildSettings(registry="r.example.com")
+    per_team = ImageBuildSettings(registry="r.example.com", repository="berth/{team}/envs")
+    digest = "sha256:" + "cd" * 32
+    assert shared.reference(digest, "vision") == shared.reference(digest, "language")
+    assert per_team.reference(digest, "vision") == f"r.example.com/berth/vision/envs:{'cd' * 16}"
+    assert per_team.repository_for("language") == "berth/language/envs"
+    # One builder pod per destination: per team only when each team has its repository.
+    assert builder_name(digest) == f"berth-build-{'cd' * 16}"
+    names = {builder_name(digest, team) for team in ("vision", "language")}
+    assert len(names) == 2 and all(len(n) <= 63 for n in names)
+    with pytest.raises(ValidationError, match="one repository per team"):
+        ImageBuildSettings(registry="r.example.com", repository="berth/{Team}/envs")

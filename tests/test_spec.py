@@ -170,6 +170,11 @@ RULES = [
         "environment.requirements[0]",
         ["pip options", "list each package"],
     ),
+    (  # a second line would reach requirements.txt (and pip's error quotes what it reads)
+        {"image": DROP, "environment": {"requirements": ["torch>=1\n-r /kaniko/.docker/x"]}},
+        "environment.requirements[0]",
+        ["must be one line", "its own item"],
+    ),
     (
         {"image": DROP, "environment": {"requirements": ["torch 2.1"]}},
         "environment.requirements[0]",

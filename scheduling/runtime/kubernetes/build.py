@@ -118,8 +118,9 @@ class ImageBuilder:
         """The image of `context`, from the registry when it is there, else built (or waited
         for, when another job's builder pod builds the same context). BuildError otherwise."""
         out = logger or log
-        image = self.settings.reference(context.digest)
-        found = self.registry.manifest_digest(self.settings.repository, tag_for(context.digest))
+        image = self.settings.reference(context.digest, team)
+        repository = self.settings.repository_for(team)
+        found = self.registry.manifest_digest(repository, tag_for(context.digest))
         if found:
             out.info("image %s is in the registry (%s): nothing to build", image, found)
             return BuildResult(image, found, "present")
@@ -130,8 +131,9 @@ class ImageBuilder:
                 "must then admit Pod Security 'baseline'), or the job gives a prebuilt `image`",
                 retryable=False,
             )
+        per_team = team if "{team}" in self.settings.repository else None
         request = BuildRequest(
-            namespace=self.namespace(team), name=manifests.builder_name(context.digest),
+            namespace=self.namespace(team), name=manifests.builder_name(context.digest, per_team),
             team=team, image=image, context=context, requested_by=dict(requested_by or {}),
         )  # fmt: skip
         for _ in range(_ATTEMPTS):
@@ -202,7 +204,7 @@ class ImageBuilder:
         while True:
             if pod is None or pod.metadata.uid != uid:  # finished and deleted, or replaced
                 found = self.registry.manifest_digest(
-                    self.settings.repository, tag_for(req.context.digest)
+                    self.settings.repository_for(req.team), tag_for(req.context.digest)
                 )
                 if found:  # the pod waited on pushed it (another waiter deleted it first)
                     return BuildResult(req.image, found, outcome, req.name)
@@ -265,7 +267,8 @@ class ImageBuilder:
         message = (term.message or "").strip() if term else ""
         if DIGEST.fullmatch(message):
             return message
-        found = self.registry.manifest_digest(self.settings.repository, tag_for(req.context.digest))
+        repository = self.settings.repository_for(req.team)
+        found = self.registry.manifest_digest(repository, tag_for(req.context.digest))
         if not found:
             raise BuildError(
                 f"builder pod {req.namespace}/{req.name} succeeded but the registry has no "

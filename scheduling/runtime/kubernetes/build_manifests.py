@@ -12,6 +12,7 @@ take a build for a dead attempt.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,10 +49,14 @@ class BuildRequest:
     requested_by: dict[str, str] = field(default_factory=dict)
 
 
-def builder_name(context_digest: str) -> str:
-    """The builder pod's (and ConfigMap's) name: fixed by the context, so that two jobs that
-    need the same image find the same pod."""
-    return f"berth-build-{tag_for(context_digest)}"
+def builder_name(context_digest: str, team: str | None = None) -> str:
+    """The builder pod's (and ConfigMap's) name: fixed by where the image goes, so that two jobs
+    that need the same image find the same pod: the context, and the team when each team has a
+    repository of its own (`team`; None: one shared repository)."""
+    if team is None:
+        return f"berth-build-{tag_for(context_digest)}"
+    both = hashlib.sha256(f"{team}\0{context_digest}".encode()).hexdigest()
+    return f"berth-build-{both[:32]}"
 
 
 def labels(req: BuildRequest) -> dict[str, str]:

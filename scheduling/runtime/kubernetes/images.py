@@ -67,10 +67,12 @@ def _registry(v: str) -> str:
 
 
 def _repository(v: str) -> str:
-    if len(v) > 255 or not _REPOSITORY.fullmatch(v):
+    # '{team}' is replaced by the job's team: one repository (and push login) per team.
+    if len(v) > 255 or not _REPOSITORY.fullmatch(v.replace("{team}", "team")):
         raise ValueError(
             f"must be a repository path of lowercase letters, digits and '.', '_' or '-' "
-            f"separated by '/', without registry or tag, got {v!r}; e.g. 'berth/envs'"
+            f"separated by '/', without registry or tag, got {v!r}; e.g. 'berth/envs', or "
+            "'berth/{team}/envs' for one repository per team"
         )
     return v
 
@@ -127,9 +129,13 @@ class ImageBuildSettings(BaseModel):
         """The image every generated Dockerfile starts FROM."""
         return self.base_image or f"{self.registry}/{JOB_BASE}"
 
-    def reference(self, digest: str) -> str:
-        """`<registry>/<repository>:<tag>` of the image of the context with this digest."""
-        return f"{self.registry}/{self.repository}:{tag_for(digest)}"
+    def repository_for(self, team: str) -> str:
+        """The repository of `team`'s images (`{team}` in BERTH_BUILD_REPOSITORY replaced)."""
+        return self.repository.replace("{team}", team)
+
+    def reference(self, digest: str, team: str) -> str:
+        """`<registry>/<repository>:<tag>` of `team`'s image of the context with this digest."""
+        return f"{self.registry}/{self.repository_for(team)}:{tag_for(digest)}"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ImageBuildSettings:
