@@ -48,7 +48,8 @@ def test_every_dag_imports_and_is_wired(tmp_path: Path) -> None:
     assert "RESULT " in done.stdout, done.stderr[-3000:]
     got = json.loads(done.stdout.split("RESULT ", 1)[1])
     assert got["errors"] == {}
-    assert set(got["dags"]) == {"berth_job", "example_train_pipeline"}
+    assert set(got["dags"]) == {"berth_job", "example_train_pipeline", "berth_maintenance"}
+    assert list(got["dags"]["berth_maintenance"]) == ["sweep"]
     form = got["dags"]["berth_job"]
     assert list(form) == [f"job.{s}" for s in ("validate", "prepare_env", "stage_data", "run",
                                                  "collect_artifacts", "cleanup")]  # fmt: skip

@@ -10,6 +10,7 @@ the API server is shared by the test session.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from builders import teams
@@ -205,3 +206,52 @@ def test_one_settings_file_shapes_both_discovery_and_the_pods(
     runtime = s.runtime()
     assert isinstance(runtime, KubernetesRuntime)
     assert runtime.namespace("vision") == "ml-vision"
+
+
+def test_the_maintenance_sweep_deletes_what_no_live_attempt_owns(
+    kube_api: KubeAPI,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """operators/maintenance.py as berth_maintenance runs it: the store says which attempts are
+    live; a gang whose job the store does not hold (a launch that died half way) is deleted."""
+    from operators.maintenance import sweep
+    from scheduling.jobs import Placement, ReplicaPlacement
+    from scheduling.settings import BerthSettings
+
+    pool, ns = kube_api.unique_name("sweep"), kube_api.create_namespace("sweep")
+    make_node(kube_api.core, f"{pool}-a", gpus=8, labels={"berth.io/pool": pool})
+    settings_yaml = tmp_path / "kube.yaml"
+    settings_yaml.write_text(
+        f"pods: {{team_namespaces: {{vision: {ns}}}, priority_class: null}}\n"
+        f"node_selector: berth.io/pool={pool}\n"
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kube_api.write_kubeconfig(tmp_path / "kubeconfig")))
+    s = BerthSettings.from_env(
+        {
+            "BERTH_HOME": str(tmp_path),
+            "BERTH_RUNTIME": "kubernetes",
+            "BERTH_TEAMS": str(Path(__file__).parent.parent / "config" / "teams.yaml"),
+            "BERTH_KUBE_SETTINGS": str(settings_yaml),
+        }
+    )
+    store, runtime = s.store(), s.runtime()
+    live = store.submit(spec("live", gpus=1), job_id="live-1")
+    store.schedule()
+    assert store.status("live-1").state == "admitted"
+    on_node = Placement((ReplicaPlacement(0, (0,)),), "node")
+
+    def launch(job_id: str, attempt: int) -> Any:
+        return runtime.launch(
+            job_id, attempt, ["python", "train.py"], on_node, s.cluster(),
+            env={}, image="ghcr.io/org/train:1", team="vision", cpus=1, memory_gb=1,
+        )  # fmt: skip
+
+    kept = launch(live.id, store.status("live-1").attempt)
+    ghost = launch("ghost-1", 1)  # the store never heard of it
+    done = sweep(s, keep_s=0)
+    assert sorted(done["deleted"]) == sorted(
+        [f"{ns}/pod/{ghost.replicas[0].pod}", f"{ns}/service/{ghost.service}"]
+    )
+    left = kube_api.core.list_namespaced_service(ns).items
+    assert [svc.metadata.name for svc in left] == [kept.service]

@@ -9,11 +9,13 @@ the runtime is mocked."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import urllib3
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
@@ -437,11 +439,49 @@ def test_orphans_are_cleaned_and_live_attempts_kept(kube: KubeAPI) -> None:
     assert f"{g.ns}/service/{live.service}" not in everywhere and g.services() == [live.service]
 
 
+def test_a_finished_attempt_is_kept_for_reading_then_cleaned(kube: KubeAPI) -> None:
+    g = Gang(kube)
+    done = g.launch(job_id="train-9", attempt=1)
+    for rank in (0, 1):  # both replicas ran and failed: on-call reads them with kubectl logs
+        g.kubelet.start(g.ns, f"{done.service}-{rank}")
+        g.kubelet.finish(g.ns, f"{done.service}-{rank}", exit_code=1)
+    fresh = g.launch(job_id="train-10", attempt=1)  # launched after the store was read
+    g.clock.now = time.time() + 60  # a minute later, the store knows neither as live
+    assert g.runtime.cleanup_orphans(set(), [g.ns], keep_s=3600) == []
+    assert sorted(g.services()) == sorted([done.service, fresh.service])
+    g.clock.now = time.time() + 2 * 3600  # past the hour: both are orphans now
+    deleted = g.runtime.cleanup_orphans({("train-10", 1)}, [g.ns], keep_s=3600)
+    pods = [f"{g.ns}/pod/{done.service}-{rank}" for rank in (0, 1)]
+    assert sorted(deleted) == sorted([*pods, f"{g.ns}/service/{done.service}"])
+    assert g.services() == [fresh.service]
+
+
 def test_a_refused_pod_deletes_the_attempt(kube: KubeAPI) -> None:
     g = Gang(kube, priority_class="no-such-class")
     with pytest.raises(LaunchError, match=r"rank 0's pod was refused.*no-such-class"):
         g.launch()
     assert g.services() == []
+
+
+def test_a_connection_lost_mid_launch_leaves_no_half_gang(kube: KubeAPI) -> None:
+    """The API server's connection breaks at rank 1's pod (urllib3 raises, not ApiException):
+    rank 0's pod and the Service must not stay behind holding GPUs the store gives again."""
+    g = Gang(kube)
+    real = g.runtime.core.create_namespaced_pod
+    calls: list[str] = []
+
+    def flaky(namespace: str, body: dict[str, Any], **kw: Any) -> Any:
+        calls.append(body["metadata"]["name"])
+        if len(calls) == 2:  # the network, not the server: stands in for a reset connection
+            raise urllib3.exceptions.ProtocolError("Connection aborted.")
+        return real(namespace, body, **kw)
+
+    g.runtime.core.create_namespaced_pod = flaky  # type: ignore[method-assign]
+    with pytest.raises(LaunchError, match=r"rank 1's pod failed.*ProtocolError"):
+        g.launch()
+    assert len(calls) == 2 and g.services() == []
+    left = g.core.list_namespaced_pod(g.ns).items
+    assert [p.metadata.name for p in left if p.metadata.deletion_timestamp is None] == []
 
 
 def test_logs_of_rank_0_come_from_the_api_server_or_say_why_not(kube: KubeAPI) -> None:

@@ -148,11 +148,19 @@ class KubernetesRuntime:
                 if rep.claim is not None:
                     what = "ResourceClaim's allocation"
                     self.claims.bind(plan, rep, pod)
-            except ApiException as e:
-                self._delete(launch, 0, service=True)
-                why = api_problem(e)
+            except Exception as e:  # refused, or the connection broke: no half gang is left
+                refused = isinstance(e, ApiException)
+                why = api_problem(e) if refused else f"{type(e).__name__}: {e}"
+                try:
+                    self._delete(launch, 0, service=True)
+                except Exception as cleanup:  # the Service owns the rest: name it for a person
+                    why += (
+                        f"; deleting the attempt failed too ({type(cleanup).__name__}), so "
+                        f"delete Service {namespace}/{service} (it owns the pods and claims)"
+                    )
                 raise LaunchError(
-                    f"rank {rep.rank}'s {what} was refused, so the attempt was deleted: {why}"
+                    f"rank {rep.rank}'s {what} {'was refused' if refused else 'failed'}, so "
+                    f"the attempt was deleted: {why}"
                 ) from None
         return launch
 
@@ -277,29 +285,49 @@ class KubernetesRuntime:
         return KubeLaunch.from_dict(data)
 
     def cleanup_orphans(
-        self, known_live: set[tuple[str, int]], namespaces: Iterable[str] | None = None
+        self,
+        known_live: set[tuple[str, int]],
+        namespaces: Iterable[str] | None = None,
+        *,
+        keep_s: float = 0.0,
     ) -> list[str]:
-        """Delete Berth's pods and Services of attempts not in `known_live` ((job id, attempt)
-        pairs the store considers live) in `namespaces` (the teams'); returns
+        """Delete Berth's pods, Services and ResourceClaims of attempts not in `known_live`
+        ((job id, attempt) pairs the store considers live) in `namespaces` (the teams'); returns
         'namespace/kind/name' of each deleted.
 
-        None: every namespace where Berth's pods are found (cluster-wide); a Service whose pods
-        are all gone is then missed, so pass the teams' namespaces when they are known."""
+        An attempt with an object created, or a replica ended, less than `keep_s` ago (by this
+        runtime's clock) is left for now: a finished attempt stays readable (`kubectl logs`)
+        that long, and an attempt launched after `known_live` was read is not taken for an
+        orphan. None for `namespaces`: every namespace where Berth's pods are found
+        (cluster-wide); a Service whose pods are all gone is then missed, so pass the teams'
+        namespaces when they are known."""
         berth = f"{MANAGED_BY}={BERTH},{manifests.JOB},{manifests.ATTEMPT}"
         found = self.core.list_pod_for_all_namespaces(label_selector=berth).items
         scope = {p.metadata.namespace for p in found} if namespaces is None else set(namespaces)
+        services = [
+            svc
+            for ns in sorted(scope)
+            for svc in self.core.list_namespaced_service(ns, label_selector=berth).items
+        ]
+        now = self.clock()
+        recent = {
+            manifests.attempt_key(obj)
+            for obj in (*found, *services)
+            if keep_s > 0 and now - _last_activity(obj) < keep_s
+        }
+        spare = set(known_live) | recent
         deleted: list[str] = []
         for pod in found:
             ns, name = pod.metadata.namespace, pod.metadata.name
-            if ns in scope and manifests.attempt_key(pod) not in known_live:
+            if ns in scope and manifests.attempt_key(pod) not in spare:
                 self._delete_one("pod", ns, name, self.settings.grace_s)
                 deleted.append(f"{ns}/pod/{name}")
-        for ns in sorted(scope):
-            for svc in self.core.list_namespaced_service(ns, label_selector=berth).items:
-                if manifests.attempt_key(svc) not in known_live:
-                    self._delete_one("service", ns, svc.metadata.name)
-                    deleted.append(f"{ns}/service/{svc.metadata.name}")
-        return deleted + self.claims.orphans(scope, known_live, berth)
+        for svc in services:
+            if manifests.attempt_key(svc) not in spare:
+                ns = svc.metadata.namespace
+                self._delete_one("service", ns, svc.metadata.name)
+                deleted.append(f"{ns}/service/{svc.metadata.name}")
+        return deleted + self.claims.orphans(scope, spare, berth)
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -401,3 +429,15 @@ def _statuses(
 
 def _running(pod: Any) -> bool:
     return pod.status.phase in ("Pending", "Running")
+
+
+def _last_activity(obj: Any) -> float:
+    """When a pod or Service last changed in a way that matters for keeping it: its creation,
+    or the latest end of one of its containers (epoch seconds)."""
+    times = [obj.metadata.creation_timestamp.timestamp()]
+    status = getattr(obj, "status", None)
+    for c in getattr(status, "container_statuses", None) or ():
+        ended = c.state and c.state.terminated and c.state.terminated.finished_at
+        if ended:
+            times.append(ended.timestamp())
+    return max(times)
