@@ -14,10 +14,10 @@ directory: no storage driver, so the PVC stays Pending, which Berth does not min
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -26,11 +26,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kubeapi import REPO, KubeAPI, kube_api  # noqa: F401 (the session fixture)
-from kubelet_standin import bind
+from kubelet_standin import MERGE_PATCH, bind
 from kubernetes import client
 from pydantic import ValidationError
 from test_kube_manifests import DryRun
 from test_kube_runtime import Gang, ensure_priority_class
+from waiting import wait_for
 
 from scheduling.runtime.base import LaunchError
 from scheduling.runtime.kubernetes.dra import Device, DraSettings, claim_manifest
@@ -44,6 +45,7 @@ from scheduling.runtime.kubernetes.pods import (
 from scheduling.runtime.kubernetes.staging import (
     MAX_RESULT,
     PROGRAM,
+    Stager,
     StagingPodFailed,
     encode_problems,
     staging_name,
@@ -67,11 +69,14 @@ MOUNT = "/berth/data"
 
 
 def create_data_claim(
-    kube: KubeAPI, namespace: str, modes: tuple[str, ...] = ("ReadWriteMany",)
+    kube: KubeAPI,
+    namespace: str,
+    modes: tuple[str, ...] = ("ReadWriteMany",),
+    name: str = "berth-data",
 ) -> client.V1PersistentVolumeClaim:
     """The team's `berth-data` PVC, as an admin creates it (docs/decisions/0008)."""
     body = {
-        "metadata": {"name": "berth-data"},
+        "metadata": {"name": name},
         "spec": {"accessModes": list(modes), "resources": {"requests": {"storage": "1Ti"}}},
     }
     return kube.core.create_namespaced_persistent_volume_claim(namespace, body)
@@ -143,6 +148,14 @@ def test_bad_data_volume_settings_name_the_field() -> None:
     assert DataVolume(claim="data-{team}").claim_for("vision") == "data-vision"
     with pytest.raises(ValueError, match=r"data_volume.claim: team 'NLP' makes 'data-NLP'"):
         DataVolume(claim="data-{team}").claim_for("NLP")
+
+
+def test_a_staging_pod_is_named_for_its_inputs_and_the_claim_it_writes() -> None:
+    inputs = ["s3://datasets/mini/", "https://example.com/w.bin"]
+    assert staging_name(inputs) == staging_name(list(inputs), "berth-data")  # the default claim
+    assert staging_name(inputs, "data-vision") != staging_name(inputs, "data-speech")
+    assert staging_name(inputs) != staging_name(inputs[::-1])
+    assert staging_name(inputs).startswith("berth-stage-") and len(staging_name(inputs)) == 32
 
 
 @given(st.lists(st.text(min_size=0, max_size=3000), min_size=1, max_size=60))
@@ -285,7 +298,7 @@ def test_a_staging_pod_fills_the_volume_and_replicas_read_what_it_staged(
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "part-0.txt").write_text("hello\n")
     inputs = [(tmp_path / "weights.bin").as_uri(), (tmp_path / "corpus").as_uri()]
-    namespace, name = g.runtime.stager.start(g.team, inputs)  # admitted: "restricted"
+    namespace, name, _ = g.runtime.stager.start(g.team, inputs)  # admitted: "restricted"
     assert (namespace, name) == (g.ns, staging_name(inputs))
     pod = g.core.read_namespaced_pod(name, namespace)
     (container,) = pod.spec.containers
@@ -324,40 +337,160 @@ def test_a_staging_pod_fills_the_volume_and_replicas_read_what_it_staged(
     assert env["BERTH_INPUT_CORPUS"] == str(staged.inputs[1].path)
 
 
+def staging_uids(g: Gang, name: str) -> list[str]:
+    """The uids of the pods named `name` in the gang's namespace: none or one."""
+    found = g.core.list_namespaced_pod(g.ns, field_selector=f"metadata.name={name}").items
+    return [p.metadata.uid for p in found]
+
+
+def finish_staging(g: Gang, name: str, tmp_path: Path) -> None:
+    """Schedule the staging pod and run it to its end, as the kube-scheduler and kubelet do."""
+    bind(g.core, g.ns, name, g.nodes[0])
+    g.kubelet.outcome = PodRunner(tmp_path / "volume", tmp_path)
+    g.kubelet.sync()  # starts it
+    g.kubelet.sync()  # runs it: it exits and reports
+
+
 def test_a_staging_pod_deleted_before_it_was_read_is_started_again(
     kube: KubeAPI, tmp_path: Path
 ) -> None:
     """Two tasks staging the same inputs follow one pod, and the first to read it deletes it:
-    the other finds it gone and stages again (cheap: the volume's cache), not fail the job."""
+    the other finds it gone and stages again (cheap: the volume's cache), not fail the job;
+    as often as that happens (more than a fixed few times), until its deadline."""
     g = data_gang(kube)
     (tmp_path / "data.txt").write_text("x")
     inputs = [(tmp_path / "data.txt").as_uri()]
     name, got = staging_name(inputs), {}
 
-    def uid() -> str | None:
-        found = g.core.list_namespaced_pod(g.ns, field_selector=f"metadata.name={name}").items
-        return found[0].metadata.uid if found else None
-
     def wait_for_pod(other_than: str | None) -> str:
-        deadline = time.monotonic() + 60
-        while (now := uid()) is None or now == other_than:
-            assert time.monotonic() < deadline, "no new staging pod"
-            time.sleep(0.05)
-        return now
+        def new_pod() -> str | None:
+            assert "error" not in got, got["error"]  # the stager gave up
+            uids = staging_uids(g, name)
+            return uids[0] if uids and uids[0] != other_than else None
+
+        return wait_for(new_pod, "a new staging pod", timeout=60)
 
     def stage() -> None:
-        got["staged"] = g.runtime.stager.stage(g.team, inputs, poll_s=0.05)
+        try:
+            got["staged"] = g.runtime.stager.stage(g.team, inputs, poll_s=0.05)
+        except Exception as e:
+            got["error"] = e
 
     stager = threading.Thread(target=stage, daemon=True)
     stager.start()
-    first = wait_for_pod(None)
-    g.core.delete_namespaced_pod(name, g.ns, grace_period_seconds=0)  # read and deleted by another
-    wait_for_pod(first)  # the stager's second pod
+    pod = wait_for_pod(None)
+    for _ in range(4):  # read and deleted by another task, again and again
+        g.core.delete_namespaced_pod(name, g.ns, grace_period_seconds=0)
+        pod = wait_for_pod(pod)  # the stager's next pod
     bind(g.core, g.ns, name, g.nodes[0])
     g.kubelet.outcome = PodRunner(tmp_path / "volume", tmp_path)
     with g.kubelet.running(interval_s=0.05):
         stager.join(60)
+    assert "error" not in got, got["error"]
     assert [(i.kind, i.size) for i in got["staged"].inputs] == [("file", 1)]
+
+
+def test_a_staging_pod_deleted_each_time_fails_at_the_deadline_naming_the_setting(
+    kube: KubeAPI,
+) -> None:
+    g = data_gang(kube, staging_timeout_s=100)
+    inputs = ["s3://datasets/mini/"]
+    name, now, deleted = staging_name(inputs), [0.0], []
+
+    def sleep(seconds: float) -> None:  # time passes, and another task deletes the pod
+        now[0] += 40
+        if staging_uids(g, name):
+            g.core.delete_namespaced_pod(name, g.ns, grace_period_seconds=0)
+            deleted.append(now[0])
+
+    stager = Stager(g.core, g.settings, clock=lambda: now[0], sleep=sleep)
+    with pytest.raises(StagingPodFailed, match=r"did not end within data_volume.staging_timeout"):
+        stager.stage(g.team, inputs, poll_s=1)
+    assert deleted == [40, 120, 200]  # a round each 80 s until 100 s and the margin passed
+
+
+def test_a_stager_deletes_only_its_own_pod_not_a_newer_one_of_the_same_name(
+    kube: KubeAPI, tmp_path: Path
+) -> None:
+    """Task A follows its pod; another task reads and deletes it, and task B starts a new
+    pod of the same name, which A then reads too. A's cleanup deletes A's pod (gone already),
+    never B's: B reads its own pod's result instead of finding it gone."""
+    g = data_gang(kube)
+    (tmp_path / "data.txt").write_text("x")
+    inputs = [(tmp_path / "data.txt").as_uri()]
+    name, pods = staging_name(inputs), []
+
+    def meanwhile(seconds: float) -> None:  # while task A waits between two polls
+        if pods:
+            return
+        (older,) = staging_uids(g, name)
+        g.core.delete_namespaced_pod(name, g.ns, grace_period_seconds=0)  # read by another
+        pods.append(g.runtime.stager.start(g.team, inputs))  # task B's pod
+        assert pods[0].uid != older
+        finish_staging(g, name, tmp_path)
+
+    task_a = Stager(g.core, g.settings, sleep=meanwhile)
+    staged = task_a.stage(g.team, inputs, poll_s=0.05)
+    assert [(i.kind, i.size) for i in staged.inputs] == [("file", 1)]
+    (task_b,) = pods
+    assert staging_uids(g, name) == [task_b.uid]  # still there for task B
+    assert g.runtime.stager.result(task_b.namespace, task_b.name, inputs) == staged
+    g.runtime.stager.delete(task_b)
+    assert staging_uids(g, name) == []
+
+
+def test_a_staging_pod_that_just_succeeded_is_followed_and_an_old_or_failed_one_replaced(
+    kube: KubeAPI, tmp_path: Path
+) -> None:
+    """A task that comes after the pod of its inputs succeeded, before that pod's tasks read
+    it, reads the same fresh result instead of deleting it under them; a success older than a
+    minute, or a failure, is staged again (a source may have changed, or been fixed)."""
+    g = data_gang(kube)
+    (tmp_path / "data.txt").write_text("x")
+    inputs = [(tmp_path / "data.txt").as_uri()]
+    stager = g.runtime.stager
+    first = stager.start(g.team, inputs)
+    finish_staging(g, first.name, tmp_path)
+    assert g.core.read_namespaced_pod(first.name, g.ns).status.phase == "Succeeded"
+    assert stager.start(g.team, inputs) == first  # followed
+    staged = stager.stage(g.team, inputs, poll_s=0.05)  # reads it, deletes it
+    assert [(i.kind, i.size) for i in staged.inputs] == [("file", 1)]
+    assert staging_uids(g, first.name) == []
+
+    old = stager.start(g.team, inputs)
+    finish_staging(g, old.name, tmp_path)
+    (status,) = g.core.read_namespaced_pod(old.name, g.ns).status.container_statuses
+    ended = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=2)
+    status.state.terminated.finished_at = ended
+    body = {"containerStatuses": [g.core.api_client.sanitize_for_serialization(status)]}
+    g.core.patch_namespaced_pod_status(old.name, g.ns, {"status": body}, _content_type=MERGE_PATCH)
+    failed = stager.start(g.team, inputs)
+    assert failed.uid != old.uid and staging_uids(g, old.name) == [failed.uid]
+
+    bind(g.core, g.ns, failed.name, g.nodes[0])
+    g.kubelet.outcome = lambda pod: 1
+    g.kubelet.sync()
+    g.kubelet.sync()
+    assert g.core.read_namespaced_pod(failed.name, g.ns).status.phase == "Failed"
+    again = stager.start(g.team, inputs)
+    assert again.uid != failed.uid and staging_uids(g, again.name) == [again.uid]
+
+
+def test_teams_sharing_a_namespace_stage_into_their_own_claims(kube: KubeAPI) -> None:
+    """Two teams mapped to one namespace, each with its claim (`data-{team}`): the same inputs
+    start a pod per claim, so neither team follows the other's pod into the other's volume."""
+    g = data_gang(kube, claim=False)
+    volume = DataVolume(claim="data-{team}", staging_image=IMAGE)
+    settings = KubeSettings(data_volume=volume, team_namespaces={"vision": g.ns, "speech": g.ns})
+    stager, inputs, pods = Stager(g.core, settings), ["s3://datasets/mini/"], {}
+    for team in ("vision", "speech"):
+        create_data_claim(kube, g.ns, name=f"data-{team}")
+        pods[team] = stager.start(team, inputs)
+    assert pods["vision"].name != pods["speech"].name
+    for team, pod in pods.items():
+        assert pod.name == staging_name(inputs, f"data-{team}")
+        (source,) = g.core.read_namespaced_pod(pod.name, g.ns).spec.volumes
+        assert source.persistent_volume_claim.claim_name == f"data-{team}"
 
 
 def test_staging_problems_come_back_from_the_pod_naming_the_input(
@@ -366,7 +499,7 @@ def test_staging_problems_come_back_from_the_pod_naming_the_input(
     g = data_gang(kube)
     (tmp_path / "ok.txt").write_text("ok")
     inputs = [(tmp_path / "ok.txt").as_uri(), (tmp_path / "missing.txt").as_uri()]
-    namespace, name = g.runtime.stager.start(g.team, inputs)
+    namespace, name, _ = g.runtime.stager.start(g.team, inputs)
     bind(g.core, namespace, name, g.nodes[1])
     g.kubelet.outcome = PodRunner(tmp_path / "volume", tmp_path)
     g.kubelet.sync()  # starts it
@@ -379,7 +512,7 @@ def test_staging_problems_come_back_from_the_pod_naming_the_input(
 def test_a_staging_pod_that_cannot_run_names_the_setting(kube: KubeAPI) -> None:
     g = data_gang(kube, staging_image="registry.example.com/berth/airflw:0.1.0")
     inputs = ["s3://datasets/mini/"]
-    namespace, name = g.runtime.stager.start(g.team, inputs)
+    namespace, name, _ = g.runtime.stager.start(g.team, inputs)
     waiting = {"reason": "ErrImagePull", "message": "manifest unknown"}
     status = {"name": "stage", "image": "x", "imageID": "", "ready": False, "restartCount": 0}
     status["state"] = {"waiting": waiting}

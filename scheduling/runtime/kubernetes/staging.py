@@ -8,8 +8,10 @@ scheduling.runtime.kubernetes.staging --cache <mount> --result /dev/termination-
 the API server keeps in the pod's status. The platform reads it there, so it never mounts the
 team's volume, and the paths it hands to replicas are already where replicas read them.
 
-The pod is named after its input set: two jobs staging the same inputs follow one pod, and an
-ended pod is replaced (a source may have changed since).
+The pod is named after its input set and the claim it writes: two jobs staging the same inputs
+into the same volume follow one pod. A pod that succeeded within the last minute is followed
+too (its result is fresh); an older or failed one is replaced (a source may have changed since).
+Each task deletes only the pod it created or followed (by uid), never a newer one of the name.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from scheduling.runtime.kubernetes.build_manifests import delete_exact
 from scheduling.runtime.kubernetes.inventory import BERTH, MANAGED_BY
 from scheduling.runtime.kubernetes.pods import (
     COMPONENT,
@@ -36,14 +40,17 @@ from scheduling.runtime.kubernetes.pods import (
     label_value,
     namespace_for,
 )
-from scheduling.runtime.kubernetes.volumes import claim_problem, writer_mount
+from scheduling.runtime.kubernetes.volumes import DataVolume, claim_problem, writer_mount
 from scheduling.staging import StagedInput, StagedInputs, StagingError, StagingProblem, stage
 
 MAX_RESULT = 4096  # bytes of a termination message that the kubelet keeps
 PROGRAM = "scheduling.runtime.kubernetes.staging"
 CONTAINER = "stage"
 _IMAGE_WAITS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
-_GONE_RETRIES = 3  # a pod deleted under us is started again, this many times in all
+_MARGIN_S = 60.0  # beyond data_volume.staging_timeout_s: scheduling, image pull, our polling
+# A succeeded pod this recent is followed, not replaced: its sources cannot have changed much
+# since, and its followers may not have read it yet.
+_FRESH = timedelta(seconds=60)
 
 
 class StagingPodFailed(RuntimeError):
@@ -56,10 +63,22 @@ class StagingPodGone(StagingPodFailed):
     same inputs and read it first, or by a person. Staging again is cheap (the volume's cache)."""
 
 
-def staging_name(inputs: Sequence[str]) -> str:
-    """The pod of an input set: the same inputs, in the same order, name the same pod."""
-    digest = hashlib.sha256(json.dumps(list(inputs)).encode()).hexdigest()[:20]
-    return f"berth-stage-{digest}"
+def staging_name(
+    inputs: Sequence[str], claim: str = DataVolume.model_fields["claim"].default
+) -> str:
+    """The pod of an input set written into `claim` (`DataVolume.claim_for(team)`): the same
+    inputs, in the same order, into the same claim name the same pod. The claim is in the name
+    because teams may share a namespace while each has its own claim."""
+    key = json.dumps({"claim": claim, "inputs": list(inputs)}, sort_keys=True)
+    return f"berth-stage-{hashlib.sha256(key.encode()).hexdigest()[:20]}"
+
+
+class StagingPod(NamedTuple):
+    """One staging pod: `uid` tells it from a later pod of the same name."""
+
+    namespace: str
+    name: str
+    uid: str
 
 
 def staging_pod_manifest(
@@ -227,46 +246,68 @@ class Stager:
         for the pod (up to `data_volume.staging_timeout_s`), then deletes it."""
         if not inputs:
             return StagedInputs()
-        for _ in range(_GONE_RETRIES):
-            try:
-                return self._stage_once(team, inputs, poll_s)
-            except StagingPodGone as e:
-                gone = e  # another stager of the same inputs read it first: stage again
-        raise gone
-
-    def _stage_once(self, team: str, inputs: Sequence[str], poll_s: float) -> StagedInputs:
-        namespace, name = self.start(team, inputs)
         volume = self.settings.data_volume
-        deadline = self.clock() + (volume.staging_timeout_s if volume else 0) + 60
-        try:
-            while (done := self.result(namespace, name, inputs)) is None:
+        deadline = self.clock() + (volume.staging_timeout_s if volume else 0) + _MARGIN_S
+        while True:
+            try:
+                return self._stage_once(team, inputs, poll_s, deadline)
+            except StagingPodGone as e:
+                # Another stager of the same inputs read it first: staging again is cheap
+                # (the volume's cache), so every round until the deadline is worth it.
                 if self.clock() > deadline:
-                    raise StagingPodFailed(f"staging pod {namespace}/{name} did not end in time")
+                    raise StagingPodFailed(
+                        "staging did not end within data_volume.staging_timeout_s: each time, "
+                        f"the pod was deleted before this task read it (last: {e})"
+                    ) from None
+            self.sleep(poll_s)
+
+    def _stage_once(
+        self, team: str, inputs: Sequence[str], poll_s: float, deadline: float
+    ) -> StagedInputs:
+        pod = self.start(team, inputs)
+        try:
+            while (done := self.result(pod.namespace, pod.name, inputs)) is None:
+                if self.clock() > deadline:
+                    raise StagingPodFailed(
+                        f"staging pod {pod.namespace}/{pod.name} did not end within "
+                        "data_volume.staging_timeout_s; raise it, or stage less at once"
+                    )
                 self.sleep(poll_s)
             return done
         finally:
-            self._delete(namespace, name)
+            self.delete(pod)
 
-    def start(self, team: str, inputs: Sequence[str]) -> tuple[str, str]:
-        """Create the input set's staging pod (or follow the one running); (namespace, name).
-        ValueError naming the setting when staging cannot run here."""
-        namespace, name = namespace_for(self.settings, team), staging_name(inputs)
-        self.data_claim(namespace, team)
+    def start(self, team: str, inputs: Sequence[str]) -> StagingPod:
+        """Create the input set's staging pod, or follow the one running or just succeeded.
+        ValueError naming the setting when staging cannot run here; StagingPodGone when
+        other tasks replaced the pod meanwhile (start again)."""
+        namespace = namespace_for(self.settings, team)
+        name = staging_name(inputs, self.data_claim(namespace, team))
         body = staging_pod_manifest(
             self.settings, namespace=namespace, team=team, name=name, inputs=inputs
         )
         for _ in range(2):
             try:
-                self.core.create_namespaced_pod(namespace, body)
-                return namespace, name
+                made = self.core.create_namespaced_pod(namespace, body)
+                return StagingPod(namespace, name, made.metadata.uid)
             except ApiException as e:
                 if e.status != 409:
                     raise
             pod = self._pod(namespace, name)
-            if pod is not None and pod.status.phase in ("Pending", "Running"):
-                return namespace, name  # another task stages the same inputs: follow it
-            self._delete(namespace, name)  # ended: its result may be stale
-        raise StagingPodFailed(f"staging pod {namespace}/{name} could not be replaced; retry")
+            if pod is None or pod.metadata.deletion_timestamp is not None:
+                continue  # going already: create it again
+            if _followable(pod, datetime.now(UTC)):
+                return StagingPod(namespace, name, pod.metadata.uid)
+            delete_exact(self.core.delete_namespaced_pod, name, namespace, pod.metadata.uid)
+        raise StagingPodGone(
+            f"staging pod {namespace}/{name} was replaced by other tasks as this one started it; "
+            "stage again"
+        )
+
+    def delete(self, pod: StagingPod) -> None:
+        """Delete this staging pod, if it is still there: never a newer one of the same name,
+        which other tasks are waiting for."""
+        delete_exact(self.core.delete_namespaced_pod, pod.name, pod.namespace, pod.uid)
 
     def data_claim(self, namespace: str, team: str) -> str:
         """The team's data volume, checked on the API server; ValueError naming the setting
@@ -291,7 +332,8 @@ class Stager:
 
     def result(self, namespace: str, name: str, inputs: Sequence[str]) -> StagedInputs | None:
         """What the pod staged once it ended, None while it runs; StagingError (the inputs'
-        problems) or StagingPodFailed (the pod's)."""
+        problems) or StagingPodFailed (the pod's). Read by name: a newer pod of the name
+        stages the same inputs into the same claim, so its result is as good."""
         volume = self.settings.data_volume
         mount = volume.mount_path if volume else ""
         pod = self._pod(namespace, name)
@@ -328,12 +370,18 @@ class Stager:
         found = self.core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}")
         return found.items[0] if found.items else None
 
-    def _delete(self, namespace: str, name: str) -> None:
-        try:
-            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+
+def _followable(pod: Any, now: datetime) -> bool:
+    """Whether a task may follow this pod of its input set instead of replacing it: it is
+    running, or it succeeded within _FRESH (its result is as good as a new pod's, and the
+    tasks that follow it may not have read it yet)."""
+    phase = pod.status.phase if pod.status else None
+    if phase in ("Pending", "Running"):
+        return True
+    statuses = (phase == "Succeeded" and pod.status.container_statuses) or ()
+    term = statuses[0].state.terminated if statuses and statuses[0].state else None
+    finished = term.finished_at if term else None
+    return finished is not None and now - finished <= _FRESH
 
 
 if __name__ == "__main__":
