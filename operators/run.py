@@ -26,7 +26,12 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
 from operators.context import settings
-from operators.environment import prepare_environment, prepare_image, spec_for_launch
+from operators.environment import (
+    EnvironmentBuildError,
+    prepare_environment,
+    prepare_image,
+    spec_for_launch,
+)
 from operators.job import SpecArg, job_id_for, labels_for, resolve_spec
 from operators.launching import (
     Launched,
@@ -37,7 +42,7 @@ from operators.launching import (
 )
 from operators.release import release_job
 from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
-from operators.staging import collect_attempt, stage_inputs, stage_on_cluster
+from operators.staging import StagingError, collect_attempt, stage_inputs, stage_on_cluster
 from operators.tracking import MlflowRunLink, TaskRef, close_attempt, push_run_url
 from operators.triggers import AdmissionTrigger, CompletionTrigger
 from scheduling.spec import JobSpec, SpecError
@@ -93,6 +98,9 @@ class BerthRunOperator(BaseOperator):
         s = settings()
         spec = resolve_spec(self.spec, context, cluster=s.cluster(), teams=s.teams())
         job_id = self._job_id = job_id_for(context, self.task_id, spec.name)
+        # Before the job is queued: a build or staging done here must not run while the job
+        # holds GPUs it cannot use yet.
+        plan = self._plan(context, spec)
         store = s.store()
         try:
             st = store.submit(spec, job_id=job_id, labels=labels_for(context, self.task_id))
@@ -115,7 +123,6 @@ class BerthRunOperator(BaseOperator):
             return self._watch_again(context, store, st)
         elif st.state == "preempting":
             return self._requeue(context, job_id, st.attempt, "preempting")
-        plan = self._plan(context, spec)
         # Fast path: one cycle here. A job the cluster has room for launches at once, without
         # a round trip through the triggerer (seconds saved; and no deferral that a trigger
         # could answer before Airflow has processed the worker's exit: apache/airflow#72716).
@@ -135,9 +142,19 @@ class BerthRunOperator(BaseOperator):
         return None
 
     def _plan(self, context: Context, spec: JobSpec) -> LaunchPlan:
-        env = self._platform_env(context, spec)
-        if settings().runtime_kind == "kubernetes":  # the prepared image replaces `environment`
-            spec = spec_for_launch(spec, self._prepared_image(context, spec))
+        """What the launch needs: the prepare and stage steps' XComs, or, for a run task used
+        without them, the environment built and the inputs staged here. What retrying cannot
+        fix (a bad requirement, a missing input, a setting) fails the task without a retry."""
+        try:
+            env = self._platform_env(context, spec)
+            if settings().runtime_kind == "kubernetes":  # the image replaces `environment`
+                spec = spec_for_launch(spec, self._prepared_image(context, spec))
+        except (EnvironmentBuildError, StagingError, ValueError) as e:
+            raise AirflowFailException(f"the job cannot be prepared:\n{e}") from None
+        except Exception as e:  # a build's BuildError says whether another try can help
+            if getattr(e, "retryable", True):
+                raise
+            raise AirflowFailException(f"the job cannot be prepared:\n{e}") from None
         return LaunchPlan(spec.model_dump(mode="json"), env, TaskRef.of(context))
 
     def _prepared_image(self, context: Context, spec: JobSpec) -> dict[str, Any]:

@@ -223,6 +223,39 @@ def test_bad_spec_fails_validate_at_once_and_queues_nothing(airflow_env: dict[st
         assert [j for j in store.jobs() if j.name == "bad-job"] == []
 
 
+BARE_RUN_DAG = """
+from airflow.sdk import DAG
+from operators import BerthRunOperator
+
+with DAG("t_bare_run", schedule=None, catchup=False) as dag:
+    BerthRunOperator(
+        task_id="run",
+        spec={{
+            "name": "bare", "team": "vision", "image": "python:3.11",
+            "command": ["python", "-c", "print(1)"], "retries": 2, "gpus_per_replica": 1,
+            "inputs": [{missing!r}],
+        }},
+        poll_s=0.5,
+    )
+"""
+
+
+def test_a_run_task_on_its_own_stages_before_queueing_and_fails_on_a_missing_input(
+    airflow_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Without a stage step, the run task stages the inputs itself, before the job is queued:
+    a missing input fails it at once (no retry: staging again cannot help) and holds nothing."""
+    missing = (tmp_path / "no-such.csv").as_uri()
+    dags = Path(airflow_env["AIRFLOW__CORE__DAGS_FOLDER"])
+    (dags / "t_bare_run.py").write_text(BARE_RUN_DAG.format(missing=missing))
+    result, out = run_dag(airflow_env, "t_bare_run.py")
+    assert result["state"] == "failed"
+    assert result["tis"]["run"] == ["failed", 1]  # retries: 2 in the spec, none used
+    assert "the job cannot be prepared" in out and "no-such.csv" in out
+    with store_of(airflow_env) as store:
+        assert [j for j in store.jobs() if j.name == "bare"] == []
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
