@@ -518,3 +518,38 @@ def test_prepare_env_gives_the_run_task_an_image_to_launch(
 
 class _TaskInstance:
     dag_id, run_id, task_id, try_number, map_index = "train_dag", "manual__1", "prepare_env", 1, -1
+
+
+def test_a_stale_context_collected_while_it_is_replaced_is_created_anew(
+    kube_api: KubeAPI,  # noqa: F811
+    registry: Registry,
+) -> None:
+    """The builder pod is made first, then its context: a ConfigMap of the name left by an
+    earlier pod (the garbage collector not there yet) is replaced, and if the collector gets
+    there between the two calls (a real 404 from the API server), it is created after all."""
+    site = Site(kube_api, registry)
+    context = site.context()
+    name = builder_name(context.digest)
+    stale = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=name), data={"stale": "yes"})
+    site.core.create_namespaced_config_map(site.ns, stale)
+    core = site.builder.core
+    replace, create = core.replace_namespaced_config_map, core.create_namespaced_config_map
+    seen: list[dict[str, str]] = []
+
+    def collected_first(cm: str, ns: str, body: Any, **kw: Any) -> Any:
+        site.core.delete_namespaced_config_map(cm, ns)  # the garbage collector, just now
+        return replace(cm, ns, body, **kw)
+
+    def created(ns: str, body: Any, **kw: Any) -> Any:
+        made = create(ns, body, **kw)
+        seen.append({o.kind: o.name for o in made.metadata.owner_references or ()})
+        return made
+
+    core.replace_namespaced_config_map = collected_first  # type: ignore[method-assign]
+    core.create_namespaced_config_map = created  # type: ignore[method-assign]
+    site.kaniko.verdicts[name] = 0
+    with site.kaniko.running(interval_s=0.05):
+        got = site.builder.ensure(context, site.team)
+    assert got.outcome == "built"
+    assert seen == [{"Pod": name}]  # the first create met the stale one (409); this is ours
+    assert site.builders() == [] and site.config_maps() == []

@@ -184,13 +184,21 @@ class ImageBuilder:
         that the garbage collector has not reached yet, is replaced)."""
         body = manifests.config_map_manifest(req, owner_uid)
         try:
-            self.core.create_namespaced_config_map(req.namespace, body)
-            return
-        except ApiException as e:
-            if e.status != 409:
-                self._delete(req.namespace, req.name, owner_uid)
-                raise self._refused(req, e, what="ConfigMap") from None
-        self.core.replace_namespaced_config_map(req.name, req.namespace, body)
+            try:
+                self.core.create_namespaced_config_map(req.namespace, body)
+                return
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+            try:
+                self.core.replace_namespaced_config_map(req.name, req.namespace, body)
+            except ApiException as e:
+                if e.status != 404:  # the stale one went in between: create it after all
+                    raise
+                self.core.create_namespaced_config_map(req.namespace, body)
+        except ApiException as e:  # no context, no build: the pod must not wait for it
+            self._delete(req.namespace, req.name, owner_uid)
+            raise self._refused(req, e, what="ConfigMap") from None
 
     # ---- wait ------------------------------------------------------------------------------
 
