@@ -149,7 +149,11 @@ class BerthRunOperator(BaseOperator):
             env = self._platform_env(context, spec)
             if settings().runtime_kind == "kubernetes":  # the image replaces `environment`
                 spec = spec_for_launch(spec, self._prepared_image(context, spec))
-        except (EnvironmentBuildError, StagingError, ValueError) as e:
+        except StagingError as e:
+            if e.transient:  # the sources may answer next time: Airflow's retries
+                raise
+            raise AirflowFailException(f"the job cannot be prepared:\n{e}") from None
+        except (EnvironmentBuildError, ValueError) as e:
             raise AirflowFailException(f"the job cannot be prepared:\n{e}") from None
         except Exception as e:  # a build's BuildError says whether another try can help
             if getattr(e, "retryable", True):

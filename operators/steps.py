@@ -7,6 +7,7 @@ errors fail without a retry, what goes to XCom, which trigger rule.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context, TriggerRule
@@ -30,6 +31,19 @@ class _SpecStep(BaseOperator):
     def __init__(self, *, spec: SpecArg, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.spec = spec
+
+
+class _FetchingStep(_SpecStep):
+    """A step that reaches other systems (a registry, a package index, S3, a web server):
+    what may pass later (a broken connection, a server error, a throttle) is retried by
+    Airflow, a few times with a growing delay; what needs a fix fails at once (the subclass
+    raises AirflowFailException for it)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("retries", 3)
+        kwargs.setdefault("retry_delay", timedelta(seconds=20))
+        kwargs.setdefault("retry_exponential_backoff", 2.0)  # 20 s, 40 s, 80 s
+        super().__init__(**kwargs)
 
 
 class ValidateSpecOperator(_SpecStep):
@@ -75,7 +89,7 @@ def _check_buildable(spec: JobSpec) -> None:
         raise AirflowFailException(f"the job's environment cannot be built:\n{e}") from None
 
 
-class PrepareEnvironmentOperator(_SpecStep):
+class PrepareEnvironmentOperator(_FetchingStep):
     """Build (or find) the job's environment. Embedded default: a virtualenv, XCom: where its
     `python` is. Kubernetes: an image (built in the cluster, or found in the registry), XCom
     (`PreparedImage.to_dict()`): `image`, the reference the run task launches."""
@@ -109,7 +123,7 @@ class PrepareEnvironmentOperator(_SpecStep):
         return prepared.to_dict()
 
 
-class StageDataOperator(_SpecStep):
+class StageDataOperator(_FetchingStep):
     """Copy the job's inputs into the content-addressed cache (on Kubernetes: the team's data
     volume, by a staging pod, decision 0008); XCom: the replicas' variables."""
 
@@ -120,7 +134,11 @@ class StageDataOperator(_SpecStep):
             if s.runtime_kind == "kubernetes":
                 return stage_on_cluster(s.runtime(), spec, self.log)
             return stage_inputs(spec.inputs, s.data_dir, self.log)
-        except (StagingError, ValueError) as e:  # the inputs' or the settings': no retry helps
+        except StagingError as e:
+            if e.transient:  # the sources may answer next time: Airflow's retries
+                raise
+            raise AirflowFailException(str(e)) from None
+        except ValueError as e:  # the settings': no retry helps
             raise AirflowFailException(str(e)) from None
 
 

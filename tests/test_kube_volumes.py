@@ -47,6 +47,7 @@ from scheduling.runtime.kubernetes.staging import (
     PROGRAM,
     Stager,
     StagingPodFailed,
+    decode_result,
     encode_problems,
     staging_name,
     staging_pod_manifest,
@@ -160,8 +161,13 @@ def test_a_staging_pod_is_named_for_its_inputs_and_the_claim_it_writes() -> None
 
 @given(st.lists(st.text(min_size=0, max_size=3000), min_size=1, max_size=60))
 def test_the_problems_a_staging_pod_reports_fit_a_termination_message(texts: list[str]) -> None:
-    problems = [StagingProblem(i, f"s3://b/{i}", t) for i, t in enumerate(texts)]
-    assert len(encode_problems(problems).encode()) <= MAX_RESULT
+    problems = [StagingProblem(i, f"s3://b/{i}", t, i % 2 == 0) for i, t in enumerate(texts)]
+    message = encode_problems(problems)
+    assert len(message.encode()) <= MAX_RESULT
+    # What may pass on a retry comes back from the pod as it went in.
+    with pytest.raises(StagingError) as caught:
+        decode_result(message, [p.uri for p in problems], MOUNT)
+    assert [p.transient for p in caught.value.problems] == [p.transient for p in problems]
 
 
 # --- replicas read the volume ------------------------------------------------------------------

@@ -59,6 +59,7 @@ class Site:
         self.files: dict[str, tuple[bytes, dict[str, str]]] = {}
         self.requests: list[tuple[str, str]] = []
         self.no_head: set[str] = set()  # paths that answer HEAD with 405, as presigned URLs do
+        self.errors: dict[str, int] = {}  # paths that answer with this HTTP error status
         self.lock = threading.Lock()
 
     def count(self, method: str, path: str) -> int:
@@ -71,6 +72,9 @@ def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
         def _answer(self, body: bool) -> None:
             with site.lock:
                 site.requests.append((self.command, self.path))
+            if self.path in site.errors:
+                self.send_error(site.errors[self.path])
+                return
             if self.path not in site.files:
                 self.send_error(404)
                 return
@@ -271,6 +275,20 @@ def test_https_not_found_names_the_input(trust, tmp_path: Path) -> None:
         stage(uris, tmp_path / "cache")
     assert str(caught.value) == f"inputs[1] {uris[1]}: not found (HTTP 404); check the URL"
     assert site.count("GET", "/ok.bin") == 0
+
+
+def test_a_server_error_may_pass_on_a_retry_and_a_missing_file_never(trust, tmp_path) -> None:
+    site, base = trust
+    site.errors |= {"/busy.bin": 503, "/slow.bin": 429}
+    busy = [f"{base}/busy.bin", f"{base}/slow.bin"]
+    with pytest.raises(StagingError) as caught:
+        stage(busy, tmp_path / "cache")
+    assert caught.value.transient  # every problem may pass: Airflow's retries may stage them
+    assert "HTTP 503" in str(caught.value) and "retry later" in str(caught.value)
+    with pytest.raises(StagingError) as caught:
+        stage([*busy, f"{base}/missing.bin"], tmp_path / "cache")
+    assert [p.transient for p in caught.value.problems] == [True, True, False]
+    assert not caught.value.transient  # a missing file needs a fix: fail now
 
 
 def test_https_untrusted_certificate_says_how_to_trust_it(https, tmp_path, monkeypatch) -> None:

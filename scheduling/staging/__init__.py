@@ -65,6 +65,7 @@ class StagingProblem:
     index: int
     uri: str
     message: str
+    transient: bool = False  # the source may answer next time: a retry can help
 
     def __str__(self) -> str:
         return f"inputs[{self.index}] {self.uri}: {self.message}"
@@ -79,6 +80,12 @@ class StagingError(Exception):
 
     def __str__(self) -> str:
         return "\n".join(map(str, self.problems))
+
+    @property
+    def transient(self) -> bool:
+        """Whether a retry may stage them all: every problem is of the passing kind (one that
+        needs a fix fails the job now, before it waits for the others)."""
+        return bool(self.problems) and all(p.transient for p in self.problems)
 
 
 class StagedInput(BaseModel):
@@ -154,7 +161,7 @@ def stage(
             source = source_for(uri, s3)
             checked.append((source, source.probe(uri)))
         except SourceProblem as e:
-            problems.append(StagingProblem(index, uri, str(e)))
+            problems.append(StagingProblem(index, uri, str(e), e.transient))
     if problems:
         raise StagingError(problems)
 
@@ -177,10 +184,12 @@ def stage(
                     extra={k: v for k, v in probe.details.items() if k != "listing"},
                 )
             except SourceProblem as e:
-                raise StagingError([StagingProblem(index, probe.uri, str(e))]) from None
+                raise StagingError(
+                    [StagingProblem(index, probe.uri, str(e), e.transient)]
+                ) from None
             except CacheError as e:
                 message = f"the content did not verify twice ({e}); check the source, and retry"
-                raise StagingError([StagingProblem(index, probe.uri, message)]) from None
+                raise StagingError([StagingProblem(index, probe.uri, message, True)]) from None
             except OSError as e:
                 message = f"cannot write to the cache {cache.root} ({e}); free space or fix it"
                 raise StagingError([StagingProblem(index, probe.uri, message)]) from None

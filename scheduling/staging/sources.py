@@ -42,7 +42,13 @@ S3_FIX = (
 
 
 class SourceProblem(Exception):
-    """What is wrong with one input and how to fix it; `stage` adds the input's index and URI."""
+    """What is wrong with one input and how to fix it; `stage` adds the input's index and URI.
+    `transient`: the source may answer next time (a broken connection, a server error, a
+    throttle, an object that changed under the copy), so a retry can help."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,9 +214,9 @@ class HttpsSource:
                     with client.stream("GET", uri, headers={"Range": "bytes=0-0"}) as r:
                         pass
         except httpx.HTTPError as e:
-            raise SourceProblem(_http_failure(e)) from None
+            raise SourceProblem(_http_failure(e), transient=True) from None
         if r.status_code >= 400:
-            raise SourceProblem(_http_status(r.status_code, r.reason_phrase))
+            raise _http_problem(r.status_code, r.reason_phrase)
         size = _http_size(r)
         etag = r.headers.get("ETag", "")
         validator = etag if etag and not etag.startswith("W/") else r.headers.get("Last-Modified")
@@ -242,16 +248,18 @@ class HttpsSource:
             try:
                 with self._client() as client, client.stream("GET", probe.uri) as r:
                     if r.status_code >= 400:
-                        raise SourceProblem(_http_status(r.status_code, r.reason_phrase))
+                        raise _http_problem(r.status_code, r.reason_phrase)
                     etag = probe.details.get("etag")
                     if etag and r.headers.get("ETag") not in (None, etag):
-                        raise SourceProblem("changed while it was being staged; run again")
+                        raise SourceProblem(
+                            "changed while it was being staged; run again", transient=True
+                        )
                     with dst.open("wb") as f:
                         for chunk in r.iter_raw(CHUNK):
                             f.write(chunk)
                             progress.add(len(chunk))
             except httpx.HTTPError as e:
-                raise SourceProblem(_http_failure(e)) from None
+                raise SourceProblem(_http_failure(e), transient=True) from None
             progress.finish()
 
         return fill
@@ -261,6 +269,20 @@ def _http_size(r: httpx.Response) -> int | None:
     total = r.headers.get("Content-Range", "").rpartition("/")[2]
     length = total if r.status_code == 206 else r.headers.get("Content-Length")
     return int(length) if length and length.isdigit() else None
+
+
+def _http_problem(status: int, reason: str) -> SourceProblem:
+    """An HTTP error answer; a server error or a throttle (429) may pass on a retry."""
+    return SourceProblem(_http_status(status, reason), transient=status >= 500 or status == 429)
+
+
+# S3 error codes that say "not now" rather than "not so" (besides any 5xx status).
+_S3_BUSY = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout"})
+
+
+def _s3_busy(e: ClientError) -> bool:
+    status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+    return status >= 500 or e.response.get("Error", {}).get("Code") in _S3_BUSY
 
 
 def _http_status(status: int, reason: str) -> str:
@@ -330,14 +352,14 @@ class S3Source:
         try:
             return self._prefix(uri, bucket, key) if key.endswith("/") else self._object(uri)
         except ClientError as e:
-            raise SourceProblem(self._explain(e, bucket, key)) from None
+            raise SourceProblem(self._explain(e, bucket, key), transient=_s3_busy(e)) from None
         except NoCredentialsError:
             raise SourceProblem(
                 "no AWS credentials found; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
                 "AWS_PROFILE, or run with an instance role"
             ) from None
         except BotoCoreError as e:
-            raise SourceProblem(f"cannot reach S3 ({e}); {S3_FIX}") from None
+            raise SourceProblem(f"cannot reach S3 ({e}); {S3_FIX}", transient=True) from None
 
     def _object(self, uri: str) -> Probe:
         bucket, key = split_s3(uri)
@@ -432,6 +454,10 @@ class S3Source:
             # key would name content it does not hold.
             after = self.client.head_object(Bucket=bucket, Key=key, **(extra or {}))["ETag"]
         except (ClientError, BotoCoreError) as e:
-            raise SourceProblem(f"download of s3://{bucket}/{key} failed ({e}); {S3_FIX}") from None
+            raise SourceProblem(
+                f"download of s3://{bucket}/{key} failed ({e}); {S3_FIX}", transient=True
+            ) from None
         if after != details["etag"]:
-            raise SourceProblem(f"s3://{bucket}/{key} changed while it was being staged; run again")
+            raise SourceProblem(
+                f"s3://{bucket}/{key} changed while it was being staged; run again", transient=True
+            )

@@ -162,7 +162,7 @@ def encode_result(staged: StagedInputs, cache: Path) -> str:
 def encode_problems(problems: Sequence[StagingProblem]) -> str:
     """The inputs' problems, each cut so that the whole fits a termination message."""
     room = max(80, (MAX_RESULT - 200) // max(1, len(problems)) - 20)
-    rows = [[p.index, p.message[:room]] for p in problems]
+    rows = [[p.index, p.message[:room], p.transient] for p in problems]
     return json.dumps({"problems": rows}, separators=(",", ":"))[:MAX_RESULT]
 
 
@@ -174,7 +174,9 @@ def decode_result(message: str, inputs: Sequence[str], mount_path: str) -> Stage
     except ValueError:
         raise StagingPodFailed(f"it reported no result; its log ends: {message[-800:]!r}") from None
     if "problems" in data:
-        raise StagingError([StagingProblem(i, inputs[i], text) for i, text in data["problems"]])
+        raise StagingError(
+            [StagingProblem(row[0], inputs[row[0]], row[1], *row[2:3]) for row in data["problems"]]
+        )
     rows = data.get("staged") or []
     if len(rows) != len(inputs):
         raise StagingPodFailed(f"it reported {len(rows)} inputs for {len(inputs)}")
