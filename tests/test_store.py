@@ -256,6 +256,36 @@ def test_reap_requeues_a_silent_job_and_refuses_its_old_worker(store: Store) -> 
     assert lost_events[0].data["by"] == "reap" and lost_events[0].data["attempt"] == 1
 
 
+def test_a_job_lost_again_and_again_backs_off_instead_of_looping(store: Store) -> None:
+    """A GPU another workload holds, a node that keeps failing: each launch is lost at once.
+    The first loss requeues at once (run elsewhere); then the waits double, as Kueue's after
+    repeated evictions, so the job does not relaunch in a tight loop."""
+    submit(store, "a1", 0, gpus=2)
+    now, waits = 1.0, []
+    for _ in range(5):
+        store.schedule(now=now)
+        st = store.status("a1")
+        assert st.state == "admitted", st
+        run(store, "a1", now)
+        store.finish("a1", "lost", attempt=st.attempt, message="gpu held", now=now)
+        waits.append(max(0.0, store.status("a1").not_before - now))
+        if waits[-1]:
+            store.schedule(now=now + waits[-1] / 2)
+            st = store.status("a1")
+            assert (st.state, st.reason_code) == ("queued", "backoff")
+        now += waits[-1] + 0.1
+    assert waits == [0.0, 10.0, 20.0, 40.0, 80.0]
+    # An attempt that ends otherwise starts the count again.
+    store.schedule(now=now)
+    run(store, "a1", now)
+    store.finish("a1", "preempted", attempt=store.status("a1").attempt, now=now)
+    assert store.status("a1").not_before <= now
+    store.schedule(now=now + 0.1)
+    run(store, "a1", now + 0.1)
+    store.finish("a1", "lost", attempt=store.status("a1").attempt, now=now + 0.2)
+    assert store.status("a1").not_before <= now + 0.2
+
+
 def test_a_preempting_job_silent_past_the_lease_counts_as_stopped(store: Store) -> None:
     submit(store, "a1", 0, gpus=4)
     submit(store, "a2", 1, gpus=4, priority=-1)  # the cheaper loss

@@ -160,18 +160,52 @@ def end_attempt(
         return
     # Preempted, or lost while being preempted: it counts against max_preemptions.
     preempted = outcome == "preempted" or row["state"] == PREEMPTING
+    # Lost again and again (a node that keeps failing, a GPU another workload holds): back off
+    # as Kueue does after repeated evictions, instead of relaunching in a tight loop.
+    wait = 0.0 if preempted else lost_backoff_s(_lost_in_a_row(conn, job_id))
     conn.execute(
         update(jobs)
         .where(jobs.c.id == job_id)
         .values(
             state=QUEUED,
             preemptions=row["preemptions"] + (1 if preempted else 0),
+            not_before=now + wait if wait else row["not_before"],
             **_CLEARED,
             **last,
         )
     )
     kind = "requeue" if outcome == "preempted" else "lost"
-    emit(conn, now, job_id, kind, attempt=attempt, by=by, was=row["state"], **last)
+    extra = {"not_before": now + wait} if wait else {}
+    emit(conn, now, job_id, kind, attempt=attempt, by=by, was=row["state"], **last, **extra)
+
+
+LOST_BACKOFF_BASE_S = 10.0
+LOST_BACKOFF_MAX_S = 600.0
+
+
+def lost_backoff_s(lost_in_a_row: int) -> float:
+    """The wait before the next attempt of a job whose last `lost_in_a_row` attempts were all
+    lost: none after the first (a node went away: run elsewhere now), then 10 s, 20 s, 40 s, ...
+    up to 10 minutes."""
+    if lost_in_a_row < 2:
+        return 0.0
+    return min(LOST_BACKOFF_MAX_S, LOST_BACKOFF_BASE_S * 2 ** (lost_in_a_row - 2))
+
+
+def _lost_in_a_row(conn: Connection, job_id: str) -> int:
+    """How many of the job's latest attempts, this one included, ended lost."""
+    q = (
+        select(attempts.c.outcome)
+        .where(attempts.c.job_id == job_id)
+        .order_by(attempts.c.number.desc())
+        .limit(16)
+    )
+    n = 0
+    for outcome in conn.execute(q).scalars():
+        if outcome != "lost":
+            break
+        n += 1
+    return n
 
 
 def requeue_new(conn: Connection, row: Mapping[str, Any], not_before: float, now: float) -> None:
