@@ -173,32 +173,44 @@ def test_the_kubernetes_runtime_discovers_its_cluster_unless_one_is_declared(
         BerthSettings.from_env({"BERTH_HOME": str(tmp_path), "BERTH_CLUSTER": "discover"})
 
 
+def kube_settings(
+    kube: KubeAPI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kube_yaml: str
+) -> Any:
+    """Berth's settings on the Kubernetes runtime of the test server, with `kube_yaml` as
+    BERTH_KUBE_SETTINGS (the cluster discovered, the repository's teams)."""
+    from scheduling.settings import BerthSettings
+
+    path = tmp_path / "kube.yaml"
+    path.write_text(kube_yaml)
+    monkeypatch.setenv("KUBECONFIG", str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
+    return BerthSettings.from_env(
+        {
+            "BERTH_HOME": str(tmp_path),
+            "BERTH_RUNTIME": "kubernetes",
+            "BERTH_TEAMS": str(Path(__file__).parent.parent / "config" / "teams.yaml"),
+            "BERTH_KUBE_SETTINGS": str(path),
+        }
+    )
+
+
 def test_one_settings_file_shapes_both_discovery_and_the_pods(
     kube_api: KubeAPI,  # noqa: F811
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from scheduling.runtime.kubernetes import KubernetesRuntime
-    from scheduling.settings import BerthSettings
 
     pool = kube_api.unique_name("pool")
     ours, other = kube_api.unique_name("ours"), kube_api.unique_name("other")
     make_node(kube_api.core, ours, gpus=8, labels={"berth.io/pool": pool, "rack-of": "r7"})
     make_node(kube_api.core, other, gpus=8)
-    settings_yaml = tmp_path / "kube.yaml"
-    settings_yaml.write_text(
+    s = kube_settings(
+        kube_api,
+        tmp_path,
+        monkeypatch,
         f"pods:\n  namespace_template: ml-{{team}}\n"
         f"topology:\n  rack: rack-of\n  block: null\n"
-        f"node_selector: berth.io/pool={pool}\n"
-    )
-    monkeypatch.setenv("KUBECONFIG", str(kube_api.write_kubeconfig(tmp_path / "kubeconfig")))
-    s = BerthSettings.from_env(
-        {
-            "BERTH_HOME": str(tmp_path),
-            "BERTH_RUNTIME": "kubernetes",
-            "BERTH_TEAMS": str(Path(__file__).parent.parent / "config" / "teams.yaml"),
-            "BERTH_KUBE_SETTINGS": str(settings_yaml),
-        }
+        f"node_selector: berth.io/pool={pool}\n",
     )
     cluster = s.cluster()
     assert list(cluster.by_name) == [ours]  # the selector leaves the other node out
@@ -217,23 +229,15 @@ def test_the_maintenance_sweep_deletes_what_no_live_attempt_owns(
     live; a gang whose job the store does not hold (a launch that died half way) is deleted."""
     from operators.maintenance import sweep
     from scheduling.jobs import Placement, ReplicaPlacement
-    from scheduling.settings import BerthSettings
 
     pool, ns = kube_api.unique_name("sweep"), kube_api.create_namespace("sweep")
     make_node(kube_api.core, f"{pool}-a", gpus=8, labels={"berth.io/pool": pool})
-    settings_yaml = tmp_path / "kube.yaml"
-    settings_yaml.write_text(
+    s = kube_settings(
+        kube_api,
+        tmp_path,
+        monkeypatch,
         f"pods: {{team_namespaces: {{vision: {ns}}}, priority_class: null}}\n"
-        f"node_selector: berth.io/pool={pool}\n"
-    )
-    monkeypatch.setenv("KUBECONFIG", str(kube_api.write_kubeconfig(tmp_path / "kubeconfig")))
-    s = BerthSettings.from_env(
-        {
-            "BERTH_HOME": str(tmp_path),
-            "BERTH_RUNTIME": "kubernetes",
-            "BERTH_TEAMS": str(Path(__file__).parent.parent / "config" / "teams.yaml"),
-            "BERTH_KUBE_SETTINGS": str(settings_yaml),
-        }
+        f"node_selector: berth.io/pool={pool}\n",
     )
     store, runtime = s.store(), s.runtime()
     live = store.submit(spec("live", gpus=1), job_id="live-1")
