@@ -18,7 +18,6 @@ trigger has already recorded in the store (freeing its GPUs):
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,12 +25,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
 from operators.context import settings
-from operators.environment import (
-    EnvironmentBuildError,
-    prepare_environment,
-    prepare_image,
-    spec_for_launch,
-)
+from operators.environment import spec_for_launch
 from operators.job import SpecArg, job_id_for, labels_for, resolve_spec
 from operators.launching import (
     Launched,
@@ -40,9 +34,10 @@ from operators.launching import (
     LaunchPlan,
     launch_attempt,
 )
+from operators.preparing import failing_fast, platform_env, prepare, stage
 from operators.release import release_job
 from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
-from operators.staging import StagingError, collect_attempt, stage_inputs, stage_on_cluster
+from operators.staging import collect_attempt
 from operators.tracking import MlflowRunLink, TaskRef, close_attempt, push_run_url
 from operators.triggers import AdmissionTrigger, CompletionTrigger
 from scheduling.spec import JobSpec, SpecError
@@ -145,30 +140,19 @@ class BerthRunOperator(BaseOperator):
         """What the launch needs: the prepare and stage steps' XComs, or, for a run task used
         without them, the environment built and the inputs staged here. What retrying cannot
         fix (a bad requirement, a missing input, a setting) fails the task without a retry."""
-        try:
-            env = self._platform_env(context, spec)
-            if settings().runtime_kind == "kubernetes":  # the image replaces `environment`
-                spec = spec_for_launch(spec, self._prepared_image(context, spec))
-        except StagingError as e:
-            if e.transient:  # the sources may answer next time: Airflow's retries
-                raise
-            raise AirflowFailException(f"the job cannot be prepared:\n{e}") from None
-        except (EnvironmentBuildError, ValueError) as e:
-            raise AirflowFailException(f"the job cannot be prepared:\n{e}") from None
-        except Exception as e:  # a build's BuildError says whether another try can help
-            if getattr(e, "retryable", True):
-                raise
-            raise AirflowFailException(f"the job cannot be prepared:\n{e}") from None
-        return LaunchPlan(spec.model_dump(mode="json"), env, TaskRef.of(context))
-
-    def _prepared_image(self, context: Context, spec: JobSpec) -> dict[str, Any]:
-        """The prepare step's XCom; without one (a run task used on its own), prepared here."""
         ti = context["ti"]
-        prepared = ti.xcom_pull(task_ids=self.prepare_task_id) if self.prepare_task_id else None
-        if prepared is None:
-            builder = settings().image_builder() if spec.environment is not None else None
-            prepared = prepare_image(spec, builder, logger=self.log).to_dict()
-        return prepared
+        with failing_fast("the job cannot be prepared:\n"):
+            prepared = ti.xcom_pull(task_ids=self.prepare_task_id) if self.prepare_task_id else None
+            if prepared is None:
+                prepared = prepare(spec, self.log)
+            staged = ti.xcom_pull(task_ids=self.stage_task_id) if self.stage_task_id else None
+            if staged is None:
+                staged = stage(spec, self.log)
+            if settings().runtime_kind == "kubernetes":  # the image replaces `environment`
+                spec = spec_for_launch(spec, prepared)
+        return LaunchPlan(
+            spec.model_dump(mode="json"), platform_env(prepared, staged), TaskRef.of(context)
+        )
 
     def _defer_admission(self, job_id: str, plan: LaunchPlan) -> None:
         self.defer(
@@ -233,27 +217,6 @@ class BerthRunOperator(BaseOperator):
             return None
         self._defer_completion(st.id, st.attempt, launch.to_dict())
         return None
-
-    def _platform_env(self, context: Context, spec: JobSpec) -> dict[str, str]:
-        """PATH with the job's environment first, and where the staged inputs are (local
-        runtime); on Kubernetes the image is the environment, and only the staged inputs'
-        variables (paths in the team's data volume) are added."""
-        s = settings()
-        ti = context["ti"]
-        if s.runtime_kind == "kubernetes":
-            staged = ti.xcom_pull(task_ids=self.stage_task_id) if self.stage_task_id else None
-            return stage_on_cluster(s.runtime(), spec, self.log) if staged is None else staged
-        prepared = ti.xcom_pull(task_ids=self.prepare_task_id) if self.prepare_task_id else None
-        if prepared is None:
-            prepared = prepare_environment(spec, s.envs_dir).to_dict()
-        staged = ti.xcom_pull(task_ids=self.stage_task_id) if self.stage_task_id else None
-        if staged is None:
-            staged = stage_inputs(spec.inputs, s.data_dir, self.log)
-        env = {"PATH": f"{prepared['bin_dir']}{os.pathsep}{os.environ.get('PATH', '')}"}
-        if prepared["kind"] == "venv":
-            env["VIRTUAL_ENV"] = str(os.path.dirname(prepared["bin_dir"]))
-        env.update(staged)
-        return env
 
     # -- the gang ended, or the store told it to stop -----------------------------------------
 

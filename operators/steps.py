@@ -14,10 +14,10 @@ from airflow.sdk import BaseOperator, Context, TriggerRule
 from airflow.sdk.exceptions import AirflowFailException
 
 from operators.context import settings
-from operators.environment import EnvironmentBuildError, prepare_environment, prepare_image
 from operators.job import SpecArg, job_id_for, labels_for, raw_spec, resolve_spec
+from operators.preparing import failing_fast, prepare, stage
 from operators.release import release_job
-from operators.staging import StagingError, collect_attempt, stage_inputs, stage_on_cluster
+from operators.staging import collect_attempt
 from scheduling.spec import JobSpec
 from scheduling.store import UnknownJobError
 
@@ -96,31 +96,9 @@ class PrepareEnvironmentOperator(_FetchingStep):
 
     def execute(self, context: Context) -> dict[str, Any]:
         spec = resolve_spec(self.spec, context)
-        if settings().runtime_kind == "kubernetes":
-            return self._image(spec, context)
-        try:
-            prepared = prepare_environment(spec, settings().envs_dir)
-        except EnvironmentBuildError as e:  # a bad requirement does not get better by retrying
-            raise AirflowFailException(str(e)) from None
-        self.log.info("environment: %s (%s)", prepared.python, prepared.kind)
-        return prepared.to_dict()
-
-    def _image(self, spec: JobSpec, context: Context) -> dict[str, Any]:
-        from scheduling.runtime.kubernetes.build import BuildError
-        from scheduling.runtime.kubernetes.images import BuildConfigError, ImageSettingsError
-
-        try:
-            builder = settings().image_builder() if spec.environment is not None else None
-            task = {k: v for k, v in labels_for(context, self.task_id).items() if k != "map_index"}
-            prepared = prepare_image(spec, builder, requested_by=task, logger=self.log)
-        except (ImageSettingsError, BuildConfigError) as e:  # the admin's or the spec's to fix
-            raise AirflowFailException(str(e)) from None
-        except BuildError as e:  # retryable ones (a timeout, a push refused) and RegistryError
-            if not e.retryable:  # (the registry may answer next time) go to Airflow's retries
-                raise AirflowFailException(str(e)) from None
-            raise
-        self.log.info("image: %s (%s)", prepared.image, prepared.source)
-        return prepared.to_dict()
+        task = {k: v for k, v in labels_for(context, self.task_id).items() if k != "map_index"}
+        with failing_fast():
+            return prepare(spec, self.log, requested_by=task)
 
 
 class StageDataOperator(_FetchingStep):
@@ -128,18 +106,9 @@ class StageDataOperator(_FetchingStep):
     volume, by a staging pod, decision 0008); XCom: the replicas' variables."""
 
     def execute(self, context: Context) -> dict[str, str]:
-        s = settings()
         spec = resolve_spec(self.spec, context)
-        try:
-            if s.runtime_kind == "kubernetes":
-                return stage_on_cluster(s.runtime(), spec, self.log)
-            return stage_inputs(spec.inputs, s.data_dir, self.log)
-        except StagingError as e:
-            if e.transient:  # the sources may answer next time: Airflow's retries
-                raise
-            raise AirflowFailException(str(e)) from None
-        except ValueError as e:  # the settings': no retry helps
-            raise AirflowFailException(str(e)) from None
+        with failing_fast():
+            return stage(spec, self.log)
 
 
 class _JobStep(_SpecStep):
