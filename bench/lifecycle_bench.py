@@ -379,6 +379,8 @@ def run_round(af: Standalone, store: Store, n: int, timeout_s: float) -> dict[st
         r.wait_started("b")
         r.trigger("c", "vision")  # vision is at its nominal 4 and the cluster is full: waits
         reason = r.wait_deferred_in_queue("c")
+        if reason != "quota":  # the round measures a job waiting for its team's quota
+            raise RuntimeError(f"round {n}: job c waits for {reason!r}, not for quota")
         waited = r.events("c")["submit"]
         released = time.time()
         r.release("a")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from operators import triggers
 from operators.launching import LaunchPlan, launch_attempt
@@ -112,7 +113,8 @@ def test_freed_gpus_start_the_waiting_job_from_the_triggers_alone(store: Store) 
     # The replicas really run: the runtime sees the waiting job's gang, and it ends well.
     runtime = settings().runtime()
     handle = runtime.launch_from_dict(started["launch"])
-    assert runtime.poll(handle).state in ("running", "succeeded")
+    wait_for(lambda: runtime.poll(handle).state != "running", "the waiting job's gang to end")
+    assert runtime.poll(handle).state == "succeeded"
 
 
 def test_one_cycle_serves_every_waiting_job(store: Store) -> None:

@@ -127,3 +127,22 @@ def test_kube_bench_tiny(tmp_path) -> None:
     result = report["result"]
     assert result["jobs"] == 12 and result["pods"] >= 12  # gangs have several pods
     assert result["jobs_admitted_per_s"] > 0 and result["pods_created_per_s"] > 0
+
+
+def test_lifecycle_bench_parts_without_airflow(tmp_path: Path) -> None:
+    """The whole benchmark needs an Airflow standalone (minutes); its parts that can break
+    silently are checked here: the DAG copy with another poll_s, and the summary."""
+    bench = load("lifecycle_bench")
+    folder = bench.dags_folder(tmp_path, 0.5)
+    text = (folder / "berth_job.py").read_text()
+    assert 'gpu_job(FROM_PARAMS, group_id="job", poll_s=0.5)' in text
+    assert bench.dags_folder(tmp_path, None) == BENCH.parent / "dags"
+    rounds = [
+        {"trigger": [{"trigger_to_start": t, "validate_running": 0.4}], "freed": {"x": f}}
+        for t, f in ((5.0, 0.1), (6.0, 0.3), (4.0, 0.2))
+    ]
+    summary = bench.summarize(rounds)
+    assert summary["trigger"]["trigger_to_start"] == {
+        "median": 5.0, "min": 4.0, "max": 6.0, "n": 3,
+    }  # fmt: skip
+    assert summary["freed"]["x"]["median"] == 0.2

@@ -19,7 +19,6 @@ import io
 import logging
 import tarfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
-from kubelet_standin import KubeletStandin, _conditions, _container_status, _terminated, make_node
+from kubelet_standin import KubeletStandin, _container_status, bind, make_node
 from kubernetes import client
 from oci_registry import Registry, push_image, run_registry
 from test_kube_manifests import DryRun
@@ -77,13 +76,7 @@ class KanikoStandin(KubeletStandin):
     def sync(self) -> int:
         for pod in self.api.list_namespaced_pod(self.namespace, label_selector=SELECTOR).items:
             if not pod.spec.node_name and pod.metadata.deletion_timestamp is None:
-                target = client.V1ObjectReference(api_version="v1", kind="Node", name=self.node)
-                body = client.V1Binding(
-                    metadata=client.V1ObjectMeta(name=pod.metadata.name), target=target
-                )
-                self.api.create_namespaced_pod_binding(
-                    pod.metadata.name, self.namespace, body, _preload_content=False
-                )
+                bind(self.api, self.namespace, pod.metadata.name, self.node)  # the scheduler
         return super().sync()
 
     def start(self, namespace: str, name: str) -> client.V1Pod:
@@ -105,17 +98,8 @@ class KanikoStandin(KubeletStandin):
         pod = self._own(namespace, name)
         if message is None:
             message = self._kaniko(pod, exit_code)
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        term = _terminated(exit_code, now, reason=reason) | {"message": message}
-        status = {
-            "phase": "Succeeded" if exit_code == 0 else "Failed",
-            "conditions": _conditions(now, ready=False),
-            "containerStatuses": [
-                _container_status(c, {"terminated": term}, ready=False) for c in pod.spec.containers
-            ],
-        }
         self.ended.append((name, pod.metadata.uid, exit_code))
-        return self._patch(namespace, name, status)
+        return super().finish(namespace, name, exit_code, reason, message)
 
     def _kaniko(self, pod: client.V1Pod, exit_code: int) -> str:
         """What Kaniko leaves in the termination message as it ends with `exit_code`."""

@@ -47,7 +47,7 @@ def test_a_bad_field_is_named_with_the_file(tmp_path: Path, text: str, field: st
     assert str(path) in str(err.value) and field in str(err.value)
 
 
-def test_settings_read_the_file_once_and_name_it_when_missing(tmp_path: Path) -> None:
+def test_settings_name_a_missing_file(tmp_path: Path) -> None:
     s = BerthSettings.from_env(
         {
             "BERTH_HOME": str(tmp_path),

@@ -25,6 +25,8 @@ from scheduling.store import Store
 
 GPU = "nvidia.com/gpu"
 TEAMS = teams(vision=16)
+REPO = Path(__file__).resolve().parent.parent
+LOCAL_CLUSTER = REPO / "config" / "local-cluster.yaml"
 
 
 def spec(name: str, gpus: int):
@@ -157,40 +159,39 @@ def test_the_kubernetes_runtime_discovers_its_cluster_unless_one_is_declared(
 
     node = kube_api.unique_name("settings")
     make_node(kube_api.core, node, gpus=4)
-    env = {
-        "BERTH_HOME": str(tmp_path),
-        "BERTH_RUNTIME": "kubernetes",
-        "BERTH_TEAMS": str(Path(__file__).parent.parent / "config" / "teams.yaml"),
-    }
-    monkeypatch.setenv("KUBECONFIG", str(kube_api.write_kubeconfig(tmp_path / "kubeconfig")))
-    s = BerthSettings.from_env(env)
+    s = kube_settings(kube_api, tmp_path, monkeypatch)
     assert s.cluster_path is None
     assert node in s.cluster().by_name  # the store's cluster, read off the nodes
     assert isinstance(s.store()._live, LiveCluster)
-    declared = BerthSettings.from_env({**env, "BERTH_CLUSTER": "config/local-cluster.yaml"})
-    assert declared.cluster_path == Path("config/local-cluster.yaml")
+    declared = kube_settings(kube_api, tmp_path, monkeypatch, BERTH_CLUSTER=str(LOCAL_CLUSTER))
+    assert sorted(declared.cluster().by_name) == ["local-a", "local-b"]  # the file's, not live
+    assert declared.store()._live is None
     with pytest.raises(ValueError, match=r"BERTH_CLUSTER: 'discover'.*BERTH_RUNTIME=kubernetes"):
         BerthSettings.from_env({"BERTH_HOME": str(tmp_path), "BERTH_CLUSTER": "discover"})
 
 
 def kube_settings(
-    kube: KubeAPI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kube_yaml: str
+    kube: KubeAPI,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    kube_yaml: str | None = None,
+    **env: str,
 ) -> Any:
-    """Berth's settings on the Kubernetes runtime of the test server, with `kube_yaml` as
-    BERTH_KUBE_SETTINGS (the cluster discovered, the repository's teams)."""
+    """Berth's settings on the Kubernetes runtime of the test server (the cluster discovered,
+    the repository's teams), with `kube_yaml` as BERTH_KUBE_SETTINGS and `env` on top."""
     from scheduling.settings import BerthSettings
 
-    path = tmp_path / "kube.yaml"
-    path.write_text(kube_yaml)
     monkeypatch.setenv("KUBECONFIG", str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
-    return BerthSettings.from_env(
-        {
-            "BERTH_HOME": str(tmp_path),
-            "BERTH_RUNTIME": "kubernetes",
-            "BERTH_TEAMS": str(Path(__file__).parent.parent / "config" / "teams.yaml"),
-            "BERTH_KUBE_SETTINGS": str(path),
-        }
-    )
+    base = {
+        "BERTH_HOME": str(tmp_path),
+        "BERTH_RUNTIME": "kubernetes",
+        "BERTH_TEAMS": str(REPO / "config" / "teams.yaml"),
+    }
+    if kube_yaml is not None:
+        path = tmp_path / "kube.yaml"
+        path.write_text(kube_yaml)
+        base["BERTH_KUBE_SETTINGS"] = str(path)
+    return BerthSettings.from_env(base | env)
 
 
 def test_one_settings_file_shapes_both_discovery_and_the_pods(
