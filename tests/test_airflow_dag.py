@@ -15,13 +15,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
+from dag_runs import AIRFLOW
+from dag_runs import airflow_env as airflow_env_for
+from dag_runs import run_dag as run_dag_test
 from mlflow.tracking import MlflowClient
 from mlflow_server import MlflowServer
 
@@ -30,21 +32,9 @@ from scheduling.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 
-AIRFLOW = Path(sys.executable).parent / "airflow"
 TRAIN = REPO / "dags" / "training" / "train_mlp.py"
 CLUSTER = load_cluster(REPO / "config" / "local-cluster.yaml")
 TEAMS = load_teams(REPO / "config" / "teams.yaml")
-
-DRIVER = """
-import json, runpy, sys
-mod = runpy.run_path(sys.argv[1])
-dag = next(v for v in mod.values() if type(v).__name__ == "DAG")
-dr = dag.test(run_conf=json.loads(sys.argv[2]) or None)
-from airflow.utils.session import create_session
-with create_session() as s:
-    tis = {ti.task_id: [str(ti.state), ti.try_number] for ti in dr.get_task_instances(session=s)}
-print("RESULT " + json.dumps({"state": str(dr.state), "run_id": dr.run_id, "tis": tis}))
-"""
 
 GANG_DAG = f"""
 from airflow.sdk import DAG
@@ -89,40 +79,22 @@ def airflow_env(
     dags = root / "dags"
     shutil.copytree(REPO / "dags", dags, ignore=shutil.ignore_patterns("__pycache__"))
     (dags / "t_gang.py").write_text(GANG_DAG)
-    home = root / "home"
-    home.mkdir()
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "BERTH_HOME": str(root / "berth"),
-        "MLFLOW_TRACKING_URI": mlflow_server.uri,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-    for key in ("BERTH_STORE_URL", "BERTH_CLUSTER", "BERTH_TEAMS"):
-        env.pop(key, None)  # the defaults: config/ of this repo, the store under BERTH_HOME
-    done = subprocess.run(
-        [str(AIRFLOW), "db", "migrate"], env=env, capture_output=True, text=True, timeout=300
+    env = airflow_env_for(
+        root / "home",
+        dags,
+        root / "berth",
+        MLFLOW_TRACKING_URI=mlflow_server.uri,
+        # the defaults: config/ of this repo, the store under BERTH_HOME
+        BERTH_STORE_URL=None,
+        BERTH_CLUSTER=None,
+        BERTH_TEAMS=None,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     yield env
 
 
 def run_dag(env: dict[str, str], dag_file: str, conf: dict | None = None) -> tuple[dict, str]:
-    """Run one DAG with dag.test() in a fresh process; its result and its whole output."""
-    path = Path(env["AIRFLOW__CORE__DAGS_FOLDER"]) / dag_file
-    done = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(path), json.dumps(conf or {})],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    out = done.stdout + done.stderr
-    assert "RESULT " in out, out[-5000:]
-    return json.loads(out.split("RESULT ", 1)[1].splitlines()[0]), out
+    """Run one DAG of the test DAG folder with dag.test() in a fresh process."""
+    return run_dag_test(env, Path(env["AIRFLOW__CORE__DAGS_FOLDER"]) / dag_file, conf)
 
 
 def store_of(env: dict[str, str]) -> Store:

@@ -14,15 +14,14 @@ replicas run the pinned image and read the staged file from the read-only mount.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import httpx
 import yaml
+from dag_runs import airflow_env as airflow_env_for
+from dag_runs import run_dag as run_dag_test
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubelet_standin import KubeletStandin, bind, make_node
 from kubernetes import client
@@ -46,21 +45,6 @@ from scheduling.store import JobStatus, Store
 REPO = Path(__file__).resolve().parent.parent
 TEAMS = REPO / "config" / "teams.yaml"
 DAG_TIMEOUT_S = 300  # dag.test() takes 30-60 s on a busy 2-core machine
-
-DRIVER = """
-import json, runpy, sys
-mod = runpy.run_path(sys.argv[1])
-dag = next(v for v in mod.values() if type(v).__name__ == "DAG")
-dr = dag.test()
-from airflow.models.xcom import XComModel
-from airflow.utils.session import create_session
-with create_session() as s:
-    tis = {ti.task_id: [str(ti.state), ti.try_number] for ti in dr.get_task_instances(session=s)}
-    rows = s.scalars(XComModel.get_many(run_id=dr.run_id, dag_ids=dag.dag_id, key="return_value"))
-    xcoms = {x.task_id: XComModel.deserialize_value(x) for x in rows}
-result = {"state": str(dr.state), "run_id": dr.run_id, "tis": tis, "xcoms": xcoms}
-print("RESULT " + json.dumps(result, default=str))
-"""
 
 DAG = """
 from airflow.sdk import DAG
@@ -93,31 +77,16 @@ def gpu_cluster(kube: KubeAPI, tmp_path: Path, count: int = 2) -> tuple[list[str
 def airflow_env(kube: KubeAPI, tmp_path: Path, cluster_yaml: Path, **extra: str) -> dict[str, str]:
     """The environment of a `dag.test()` process on the Kubernetes runtime (plus `extra`), with
     its Airflow database migrated."""
-    home = tmp_path / "airflow"
-    home.mkdir()
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(tmp_path / "dags"),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-        "BERTH_HOME": str(tmp_path / "berth"),
-        "BERTH_RUNTIME": "kubernetes",
-        "BERTH_CLUSTER": str(cluster_yaml),
-        "KUBECONFIG": str(kube.write_kubeconfig(tmp_path / "kubeconfig")),
-        "PYTHONPATH": str(REPO),
+    return airflow_env_for(
+        tmp_path / "airflow",
+        tmp_path / "dags",
+        tmp_path / "berth",
+        BERTH_RUNTIME="kubernetes",
+        BERTH_CLUSTER=str(cluster_yaml),
+        KUBECONFIG=str(kube.write_kubeconfig(tmp_path / "kubeconfig")),
+        MLFLOW_TRACKING_URI=None,
         **extra,
-    }
-    env.pop("MLFLOW_TRACKING_URI", None)
-    migrate = subprocess.run(
-        [str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
-    assert migrate.returncode == 0, migrate.stderr[-3000:]
-    return env
 
 
 def run_dag(
@@ -131,16 +100,7 @@ def run_dag(
     with ExitStack() as stack:
         for block in beside:
             stack.enter_context(block)
-        done = subprocess.run(
-            [sys.executable, "-c", DRIVER, str(dags / "t_kube.py")],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=DAG_TIMEOUT_S,
-        )
-    out = done.stdout + done.stderr
-    assert "RESULT " in out, out[-5000:]
-    result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+        result, out = run_dag_test(env, dags / "t_kube.py", timeout_s=DAG_TIMEOUT_S)
     errors = [line for line in out.splitlines() if "error" in line.lower()]
     why = "\n".join([json.dumps(result["tis"]), *errors[-20:], out[-3000:]])
     assert result["state"] == "success", why
