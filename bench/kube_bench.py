@@ -30,10 +30,10 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import code_version, machine, reference_ms
+from berth.spec import parse_spec
+from berth.store import Store
 from scheduling.config import parse_cluster, parse_teams
 from scheduling.jobs import Placement, ReplicaPlacement
-from scheduling.spec import parse_spec
-from scheduling.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the real API server's harness lives with the tests
@@ -42,7 +42,7 @@ from kubeapi import run_kube_api  # noqa: E402
 from kubelet_standin import KubeletStandin, make_node  # noqa: E402
 from kubernetes import client  # noqa: E402
 
-from scheduling.runtime.kubernetes import KubernetesRuntime  # noqa: E402
+from berth.runtime.kubernetes import KubernetesRuntime  # noqa: E402
 
 SIZES = [(1, 1, 0.55), (1, 2, 0.15), (1, 4, 0.12), (1, 8, 0.1), (2, 8, 0.05), (4, 8, 0.03)]
 

@@ -52,9 +52,9 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a file
 
 from bench.common import RESULTS, ROOT, code_version, console_for_tables, machine, reference_ms
+from berth.settings import BerthSettings
+from berth.store import JobStatus, Store
 from operators.triggers import MIN_EVENT_AGE_S
-from scheduling.settings import BerthSettings
-from scheduling.store import JobStatus, Store
 
 VENV_BIN = Path(sys.executable).parent
 TARGETS_S = {"trigger_to_start": 10.0, "freed_to_start": 2.0}

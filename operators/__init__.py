@@ -1,7 +1,8 @@
-"""Berth's Airflow side: the run operator and its triggers, the lifecycle TaskGroup, team pools.
+"""Berth's Airflow side: the run operator and its triggers, the lifecycle TaskGroup.
 
 Import `gpu_job` to describe a GPU job in a DAG; everything else is what it is made of. The
-names load lazily, so that `berth pools sync` (operators.cli) does not import Airflow.
+names load lazily: a triggerer or task process that imports one submodule (a trigger, a step)
+does not pay for loading the operator and the TaskGroup too.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ _WHERE = {
     "task_id_in": "operators.lifecycle",
     "FROM_PARAMS": "operators.params",
     "job_params": "operators.params",
-    "pool_name": "operators.pools",
-    "sync_pools": "operators.pools",
     "BerthRunOperator": "operators.run",
 }
 __all__ = sorted(_WHERE)

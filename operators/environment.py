@@ -15,7 +15,7 @@ interpreter, with a warning: the embedded default has no container runtime.
 
 On Kubernetes (`prepare_image`) the environment is an image instead: built in the cluster from
 a generated build context, or found in the registry when an image of the same context is there
-(scheduling/runtime/kubernetes/build.py); a job that gives `image` runs that image. The run task
+(berth/runtime/kubernetes/build.py); a job that gives `image` runs that image. The run task
 launches what `PreparedImage.image` names (`spec_for_launch`).
 """
 
@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock
 
-from scheduling.spec import JobSpec
+from berth.spec import JobSpec
 
 if TYPE_CHECKING:  # the kubernetes client loads only on the Kubernetes runtime
-    from scheduling.runtime.kubernetes.build import ImageBuilder
+    from berth.runtime.kubernetes.build import ImageBuilder
 
 log = logging.getLogger(__name__)
 READY = ".berth-env.json"
@@ -100,7 +100,7 @@ def prepare_image(
         return PreparedImage(spec.image, "spec")
     if builder is None:
         raise ValueError("an `environment` job needs an image builder (settings().image_builder())")
-    from scheduling.runtime.kubernetes.images import environment_context
+    from berth.runtime.kubernetes.images import environment_context
 
     context = environment_context(spec.environment, builder.settings)
     if context is None:  # nothing to install: the base image is the environment

@@ -14,9 +14,9 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from berth.spec import JobSpec, SpecError, check_spec, parse_spec
 from operators.context import settings
 from operators.params import FROM_PARAMS, spec_from_params
-from scheduling.spec import JobSpec, SpecError, check_spec, parse_spec
 
 SpecArg = Mapping[str, Any] | str
 

@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from berth.spec import JobSpec
 from operators.context import settings
 from operators.release import engine_placement
 from operators.tracking import TaskRef, open_attempt
-from scheduling.spec import JobSpec
 
 log = logging.getLogger(__name__)
 

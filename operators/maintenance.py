@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from scheduling.settings import BerthSettings
-from scheduling.store.schema import ADMITTED, PREEMPTING, RUNNING
+from berth.settings import BerthSettings
+from berth.store.schema import ADMITTED, PREEMPTING, RUNNING
 
 LIVE = (ADMITTED, RUNNING, PREEMPTING)  # attempts whose pods may exist and must stay
 KEEP_S = 3600.0
@@ -34,7 +34,7 @@ def sweep(s: BerthSettings, *, keep_s: float = KEEP_S) -> dict[str, Any]:
         log.warning("job %s: its worker went silent; attempt ended as lost and requeued", job_id)
     deleted: list[str] = []
     if s.runtime_kind == "kubernetes":
-        from scheduling.runtime.kubernetes import KubernetesRuntime
+        from berth.runtime.kubernetes import KubernetesRuntime
 
         runtime = s.runtime()
         assert isinstance(runtime, KubernetesRuntime)

@@ -14,7 +14,7 @@ from typing import Any, get_args
 
 from airflow.sdk import Param
 
-from scheduling.spec_fields import Topology
+from berth.spec_fields import Topology
 
 # A spec given as this string is read from the DAG run's params when the task runs.
 FROM_PARAMS = "params"

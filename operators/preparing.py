@@ -23,10 +23,10 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from berth.spec import JobSpec
 from operators.context import settings
 from operators.environment import EnvironmentBuildError, prepare_environment, prepare_image
 from operators.staging import StagingError, stage_inputs, stage_on_cluster
-from scheduling.spec import JobSpec
 
 
 def prepare(

@@ -3,10 +3,10 @@ store's placement (node names) in the engine's terms (node indices) for a runtim
 
 from __future__ import annotations
 
+from berth.store import JobStatus, UnknownJobError
 from operators.context import settings
 from scheduling.cluster import Cluster
 from scheduling.jobs import Placement, ReplicaPlacement
-from scheduling.store import JobStatus, UnknownJobError
 
 
 def release_job(job_id: str, why: str) -> str | None:

@@ -15,9 +15,9 @@ from typing import Any
 from airflow.sdk import Context, RetryDecision, RetryPolicy
 from airflow.sdk.exceptions import AirflowException
 
+from berth.pools import pool_name
+from berth.spec import JobSpec, SpecError, parse_spec
 from operators.job import SpecArg
-from operators.pools import pool_name
-from scheduling.spec import JobSpec, SpecError, parse_spec
 
 MAX_RETRIES = 20  # JobSpec.retries' upper bound: the ceiling when retries come from params
 

@@ -24,6 +24,8 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
+from berth.spec import JobSpec, SpecError
+from berth.store import DuplicateJobError, JobStatus
 from operators.context import settings
 from operators.environment import spec_for_launch
 from operators.job import SpecArg, job_id_for, labels_for, resolve_spec
@@ -40,8 +42,6 @@ from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaul
 from operators.staging import collect_attempt
 from operators.tracking import MlflowRunLink, TaskRef, close_attempt, push_run_url
 from operators.triggers import AdmissionTrigger, CompletionTrigger
-from scheduling.spec import JobSpec, SpecError
-from scheduling.store import DuplicateJobError, JobStatus
 
 log = logging.getLogger(__name__)
 

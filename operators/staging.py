@@ -1,4 +1,4 @@
-"""Data in and out of a job, for the lifecycle tasks: `scheduling.staging` (content-addressed
+"""Data in and out of a job, for the lifecycle tasks: `berth.staging` (content-addressed
 input cache for file://, https:// and s3://; artifact collection with a manifest), logged to
 the task log and returned as plain data for XCom.
 
@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from scheduling.settings import settings
-from scheduling.spec import JobSpec
-from scheduling.staging import ArtifactError, ArtifactManifest, StagingError, stage
-from scheduling.staging.artifacts import collect_artifacts, upload_artifacts
+from berth.settings import settings
+from berth.spec import JobSpec
+from berth.staging import ArtifactError, ArtifactManifest, StagingError, stage
+from berth.staging.artifacts import collect_artifacts, upload_artifacts
 
 if TYPE_CHECKING:  # the kubernetes client loads only on the Kubernetes runtime
-    from scheduling.runtime.kubernetes import KubernetesRuntime
+    from berth.runtime.kubernetes import KubernetesRuntime
 
 __all__ = ["StagingError", "collect_attempt", "stage_inputs", "stage_on_cluster"]
 

@@ -13,13 +13,13 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context, TriggerRule
 from airflow.sdk.exceptions import AirflowFailException
 
+from berth.spec import JobSpec
+from berth.store import UnknownJobError
 from operators.context import settings
 from operators.job import SpecArg, job_id_for, labels_for, raw_spec, resolve_spec
 from operators.preparing import failing_fast, prepare, stage
 from operators.release import release_job
 from operators.staging import collect_attempt
-from scheduling.spec import JobSpec
-from scheduling.store import UnknownJobError
 
 
 class _SpecStep(BaseOperator):
@@ -75,7 +75,7 @@ class ValidateSpecOperator(_SpecStep):
 def _check_buildable(spec: JobSpec) -> None:
     """On Kubernetes an `environment` becomes an image built in the cluster: fail validation
     at once (no retry) when the BERTH_BUILD_* settings are missing or bad, or cannot build it."""
-    from scheduling.runtime.kubernetes.images import (
+    from berth.runtime.kubernetes.images import (
         BuildConfigError,
         ImageBuildSettings,
         ImageSettingsError,

@@ -1,10 +1,10 @@
 """The run task's MLflow record: a parent run per job, a nested run per attempt
-(`scheduling.tracking`), opened before the launch and closed when the attempt ends.
+(`berth.tracking`), opened before the launch and closed when the attempt ends.
 
 Tracking is on when `MLFLOW_TRACKING_URI` is set. A tracking server that cannot be reached
 before a launch (after the MLflow client's own retries) does not stop the job: the attempt runs
 untracked and the task log says so. After the run, the platform's writes wait in a spool until
-the server is back (see scheduling/tracking/spool.py).
+the server is back (see berth/tracking/spool.py).
 
 The attempt's task is given as a `TaskRef` (plain data), not as Airflow's context: the
 admission trigger launches attempts too, and a trigger has no task context. `mlflow` loads only
@@ -24,12 +24,12 @@ from urllib.parse import quote
 from airflow.sdk import BaseOperatorLink
 from airflow.sdk.execution_time.xcom import XCom
 
-from scheduling.settings import settings
-from scheduling.spec import JobSpec
-from scheduling.store import JobStatus, Store
+from berth.settings import settings
+from berth.spec import JobSpec
+from berth.store import JobStatus, Store
 
 if TYPE_CHECKING:
-    from scheduling.tracking import AttemptRun
+    from berth.tracking import AttemptRun
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def open_attempt(
     tracker = settings().tracker()
     if tracker is None:
         return None, {}
-    from scheduling.tracking import TrackingError
+    from berth.tracking import TrackingError
 
     try:
         run = tracker.open_attempt(
@@ -121,7 +121,7 @@ def close_attempt(
     tracker = settings().tracker()
     if tracker is None:
         return
-    from scheduling.tracking import TrackingError
+    from berth.tracking import TrackingError
 
     status = store.status(job_id)
     try:

@@ -26,11 +26,11 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from berth.store import JobStateError, JobStatus, StaleAttemptError, UnknownJobError
+from berth.store.poller import CyclePoller
 from operators.context import settings
 from operators.launching import LaunchFailed, LaunchInterrupted, LaunchPlan, launch_attempt
 from operators.release import release_job
-from scheduling.store import JobStateError, JobStatus, StaleAttemptError, UnknownJobError
-from scheduling.store.poller import CyclePoller
 
 # A trigger that fires within seconds of its deferral can race Airflow 3.3's scheduler: the
 # resumed try may already run when the executor's stale "success" of the deferring process is
@@ -247,7 +247,7 @@ class CompletionTrigger(BaseTrigger):
 
     async def _stream(self, runtime: Any, launch: Any) -> None:
         """New replica log lines into the task log (the triggerer routes them there)."""
-        from scheduling.runtime import LogCursor
+        from berth.runtime import LogCursor
 
         cursor = LogCursor.from_dict(self.cursor) if self.cursor else None
         try:

@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from scheduling.settings import REPO_ROOT, settings
-from scheduling.store import JobStatus, Store
+from berth.settings import REPO_ROOT, settings
+from berth.store import JobStatus, Store
 
 ROOT = REPO_ROOT
 TRAIN = str(ROOT / "dags" / "training" / "train_mlp.py")

@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/lint-imports  # imports point one way; the engine does no I/O (pyproject.toml)
 .venv/bin/pytest -q "$@"

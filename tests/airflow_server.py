@@ -135,7 +135,7 @@ class AirflowDeployment:
             {
                 "AIRFLOW_HOME": str(self.home),
                 "BERTH_HOME": str(berth_home),
-                # Tasks, triggers and DAG files import `operators` and `scheduling` from here.
+                # Tasks, triggers and DAG files import our packages from here.
                 "PYTHONPATH": os.pathsep.join(
                     p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
                 ),

@@ -20,11 +20,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from berth.spec import JobSpec, parse_spec
+from berth.store import LIVE, Event, JobStateError, Store
 from scheduling.config import parse_cluster, parse_teams
 from scheduling.policy import BERTH
 from scheduling.resources import Resources
-from scheduling.spec import JobSpec, parse_spec
-from scheduling.store import LIVE, Event, JobStateError, Store
 
 CLUSTER = {
     "name": "workload",

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from waiting import wait_for
 
+from berth.settings import settings
+from berth.spec import parse_spec
+from berth.store import JobStatus, Store
+from berth.store.poller import CyclePoller
 from operators import triggers
 from operators.launching import LaunchPlan, launch_attempt
 from operators.tracking import TaskRef
-from scheduling.settings import settings
-from scheduling.spec import parse_spec
-from scheduling.store import JobStatus, Store
-from scheduling.store.poller import CyclePoller
 
 HOUR = 3600.0
 TASK = TaskRef("d", "r1", "g.run", 1)

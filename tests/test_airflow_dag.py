@@ -27,8 +27,8 @@ from dag_runs import run_dag as run_dag_test
 from mlflow.tracking import MlflowClient
 from mlflow_server import MlflowServer
 
+from berth.store import Store
 from scheduling.config import load_cluster, load_teams
-from scheduling.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -235,7 +235,7 @@ def _free_port() -> int:
 
 
 def test_sync_pools_against_a_real_api_server(airflow_env: dict[str, str], tmp_path: Path) -> None:
-    from operators.pools import sync_pools
+    from berth.pools import sync_pools
 
     port = _free_port()
     passwords = tmp_path / "passwords.json"
@@ -289,7 +289,7 @@ def test_sync_pools_against_a_real_api_server(airflow_env: dict[str, str], tmp_p
         pool = requests.get(f"{url}/api/v2/pools/berth-research", headers=head).json()
         assert pool["slots"] == 2
 
-        from operators.pools import PoolSyncError
+        from berth.pools import PoolSyncError
 
         with pytest.raises(PoolSyncError, match="check --username and --password"):
             sync_pools(url, "admin", "wrong", TEAMS, CLUSTER)

@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from s3server import S3Server
 
+from berth.settings import BerthSettings
+from berth.settings import settings as berth_settings
+from berth.staging import ArtifactError, ArtifactManifest, collect_artifacts
 from operators.staging import collect_attempt
-from scheduling.settings import BerthSettings
-from scheduling.settings import settings as berth_settings
-from scheduling.staging import ArtifactError, ArtifactManifest, collect_artifacts
 
 
 def sha(data: bytes) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from scheduling.cli import app
+from berth.cli import app
 
 CLUSTER = """
 name: tiny

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from scheduling.cli import app
-from scheduling.settings import REPO_ROOT, settings
-from scheduling.spec import parse_spec
+from berth.cli import app
+from berth.settings import REPO_ROOT, settings
+from berth.spec import parse_spec
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduling.runtime.inventory import (
+from berth.runtime.inventory import (
     GpuInfo,
     InventoryError,
     detect_gpus,

@@ -30,17 +30,17 @@ from test_kube_build import Site, registry  # noqa: F401 (the module's registry 
 from test_kube_runtime import ensure_priority_class
 from test_kube_volumes import MOUNT, PodRunner, create_data_claim
 
-from scheduling.config import load_cluster, load_teams
-from scheduling.runtime.kubernetes.build_manifests import builder_name
-from scheduling.runtime.kubernetes.images import (
+from berth.runtime.kubernetes.build_manifests import builder_name
+from berth.runtime.kubernetes.images import (
     ImageBuildSettings,
     environment_context,
     tag_for,
 )
-from scheduling.runtime.kubernetes.pods import COMPONENT
-from scheduling.runtime.kubernetes.staging import staging_name
-from scheduling.spec import Environment
-from scheduling.store import JobStatus, Store
+from berth.runtime.kubernetes.pods import COMPONENT
+from berth.runtime.kubernetes.staging import staging_name
+from berth.spec import Environment
+from berth.store import JobStatus, Store
+from scheduling.config import load_cluster, load_teams
 
 REPO = Path(__file__).resolve().parent.parent
 TEAMS = REPO / "config" / "teams.yaml"

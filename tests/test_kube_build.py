@@ -1,4 +1,4 @@
-"""Images of `environment` jobs built in the cluster (scheduling/runtime/kubernetes/build.py),
+"""Images of `environment` jobs built in the cluster (berth/runtime/kubernetes/build.py),
 against real components: the kube-apiserver of tests/kubeapi.py (pods, ConfigMaps, Pod Security
 admission, RBAC with a ServiceAccount token) and go-containerregistry's registry over HTTP
 (tests/oci_registry.py: the skip path asks it, the tests push to it).
@@ -32,15 +32,15 @@ from oci_registry import Registry, push_image, run_registry
 from test_kube_manifests import DryRun
 from waiting import wait_for
 
-from scheduling.runtime.kubernetes.build import BuildError, BuildResult, ImageBuilder
-from scheduling.runtime.kubernetes.build_manifests import SELECTOR, builder_name
-from scheduling.runtime.kubernetes.images import (
+from berth.runtime.kubernetes.build import BuildError, BuildResult, ImageBuilder
+from berth.runtime.kubernetes.build_manifests import SELECTOR, builder_name
+from berth.runtime.kubernetes.images import (
     BuildContext,
     ImageBuildSettings,
     environment_context,
     tag_for,
 )
-from scheduling.spec import Environment
+from berth.spec import Environment
 
 BASELINE = {
     "pod-security.kubernetes.io/enforce": "baseline",
@@ -438,9 +438,9 @@ def test_prepare_env_gives_the_run_task_an_image_to_launch(
 ) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
+    from berth.spec import JobSpec
     from operators.environment import spec_for_launch
     from operators.steps import PrepareEnvironmentOperator, ValidateSpecOperator
-    from scheduling.spec import JobSpec
 
     site = Site(kube_api, registry)
     spec = {

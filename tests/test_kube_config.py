@@ -1,4 +1,4 @@
-"""BERTH_KUBE_SETTINGS (scheduling/runtime/kubernetes/config.py): a bad file is refused with the
+"""BERTH_KUBE_SETTINGS (berth/runtime/kubernetes/config.py): a bad file is refused with the
 file and the field named, before any pod or discovery uses it."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from berth.runtime.kubernetes.config import KubeConfig, load_kube_config
+from berth.settings import BerthSettings
 from scheduling.config import ConfigError
-from scheduling.runtime.kubernetes.config import KubeConfig, load_kube_config
-from scheduling.settings import BerthSettings
 
 
 def test_no_file_means_every_default() -> None:

@@ -27,12 +27,12 @@ from kubernetes import client
 from pydantic import ValidationError
 from test_kube_runtime import GPU, Gang, ensure_priority_class
 
-from scheduling.runtime.base import LaunchError
-from scheduling.runtime.kubernetes import KubeLaunch
-from scheduling.runtime.kubernetes.dra import FINALIZER, DraSettings, node_devices
-from scheduling.runtime.kubernetes.pods import selector
+from berth.runtime.base import LaunchError
+from berth.runtime.kubernetes import KubeLaunch
+from berth.runtime.kubernetes.dra import FINALIZER, DraSettings, node_devices
+from berth.runtime.kubernetes.pods import selector
 
-CLAIMS_LOG = "scheduling.runtime.kubernetes.claims"
+CLAIMS_LOG = "berth.runtime.kubernetes.claims"
 
 
 @pytest.fixture

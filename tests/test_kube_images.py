@@ -1,4 +1,4 @@
-"""What an `environment` job's image is (scheduling/runtime/kubernetes/images.py): the admin's
+"""What an `environment` job's image is (berth/runtime/kubernetes/images.py): the admin's
 BERTH_BUILD_* settings, the generated build context and its digest; and how Berth asks a real
 registry (go-containerregistry's, tests/oci_registry.py) whether an image exists, with no
 credentials, HTTP Basic and bearer tokens (registry.py)."""
@@ -17,20 +17,20 @@ from hypothesis import strategies as st
 from oci_registry import push_image, run_registry
 from pydantic import ValidationError
 
-from scheduling.runtime.kubernetes.build_manifests import builder_name
-from scheduling.runtime.kubernetes.images import (
+from berth.runtime.kubernetes.build_manifests import builder_name
+from berth.runtime.kubernetes.images import (
     BuildConfigError,
     ImageBuildSettings,
     ImageSettingsError,
     environment_context,
     tag_for,
 )
-from scheduling.runtime.kubernetes.registry import (
+from berth.runtime.kubernetes.registry import (
     RegistryClient,
     RegistryError,
     credentials_for,
 )
-from scheduling.spec import Environment
+from berth.spec import Environment
 
 SETTINGS = ImageBuildSettings(registry="registry.example.com")
 

@@ -14,9 +14,7 @@ from kubelet_standin import KubeletStandin, make_node
 from kubernetes import client
 from pydantic import ValidationError
 
-from scheduling.capacity import Capacity
-from scheduling.resources import GPU_UNIT, Resources
-from scheduling.runtime.kubernetes import (
+from berth.runtime.kubernetes import (
     BERTH,
     MANAGED_BY,
     GpuGroupsError,
@@ -26,7 +24,9 @@ from scheduling.runtime.kubernetes import (
     parse_gpu_groups,
     pod_request,
 )
-from scheduling.runtime.kubernetes import inventory as inventory_module
+from berth.runtime.kubernetes import inventory as inventory_module
+from scheduling.capacity import Capacity
+from scheduling.resources import GPU_UNIT, Resources
 
 GPU = "nvidia.com/gpu"
 

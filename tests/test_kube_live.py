@@ -18,10 +18,10 @@ from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubelet_standin import KubeletStandin, cordon, make_node
 from kubernetes import client
 
+from berth.runtime.kubernetes.live import DiscoveryError, LiveCluster
+from berth.spec import parse_spec
+from berth.store import Store
 from scheduling.policy import BERTH
-from scheduling.runtime.kubernetes.live import DiscoveryError, LiveCluster
-from scheduling.spec import parse_spec
-from scheduling.store import Store
 
 GPU = "nvidia.com/gpu"
 TEAMS = teams(vision=16)
@@ -155,7 +155,7 @@ def test_the_kubernetes_runtime_discovers_its_cluster_unless_one_is_declared(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from scheduling.settings import BerthSettings
+    from berth.settings import BerthSettings
 
     node = kube_api.unique_name("settings")
     make_node(kube_api.core, node, gpus=4)
@@ -179,7 +179,7 @@ def kube_settings(
 ) -> Any:
     """Berth's settings on the Kubernetes runtime of the test server (the cluster discovered,
     the repository's teams), with `kube_yaml` as BERTH_KUBE_SETTINGS and `env` on top."""
-    from scheduling.settings import BerthSettings
+    from berth.settings import BerthSettings
 
     monkeypatch.setenv("KUBECONFIG", str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
     base = {
@@ -199,7 +199,7 @@ def test_one_settings_file_shapes_both_discovery_and_the_pods(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from scheduling.runtime.kubernetes import KubernetesRuntime
+    from berth.runtime.kubernetes import KubernetesRuntime
 
     pool = kube_api.unique_name("pool")
     ours, other = kube_api.unique_name("ours"), kube_api.unique_name("other")

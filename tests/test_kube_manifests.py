@@ -9,7 +9,7 @@
   tests/test_kube_volumes.py.)
 - The pod template: its container is named `base` (what the KubernetesExecutor looks for) and
   it carries the restricted security settings of the runtime's own pods
-  (scheduling/runtime/kubernetes/pods.py).
+  (berth/runtime/kubernetes/pods.py).
 - The Helm values: valid YAML with the keys the official Airflow chart reads for the executor,
   the triggerer, the pod template and Berth's settings. Helm itself cannot run here (no chart
   download), so the chart's rendering is not tested.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -32,9 +33,9 @@ from hypothesis import strategies as st
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubernetes import client, dynamic
 
-from scheduling.runtime.kubernetes.config import KubeConfig, load_kube_config
-from scheduling.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, TopologyLabels
-from scheduling.runtime.kubernetes.pods import KubeSettings, _security
+from berth.runtime.kubernetes.config import KubeConfig, load_kube_config
+from berth.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, TopologyLabels
+from berth.runtime.kubernetes.pods import KubeSettings, _security
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
@@ -417,7 +418,11 @@ def test_the_airflow_image_installs_berth_on_the_official_image() -> None:
     steps = parse_dockerfile((DOCKER / "airflow" / "Dockerfile").read_text())
     assert steps[0] == Instruction("FROM", "apache/airflow:3.3.2-python3.11")
     sources = [s for ins in steps if ins.keyword == "COPY" for s in copy_sources(ins)]
-    assert {"pyproject.toml", "scheduling", "operators", "dags"} <= set(sources)
+    # Every package pyproject.toml installs is in the image (a package added later included).
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    wanted = {p.rstrip("*") for p in packages["packages"]["find"]["include"]}
+    assert "berth" in wanted and "scheduling" in wanted
+    assert {"pyproject.toml", "dags", *wanted} <= set(sources)
     for source in sources:  # the build context is the repository root
         assert (REPO / source).exists(), f"COPY {source}: not in the repository"
     installs = [ins.args for ins in steps if ins.keyword == "RUN" and "pip install" in ins.args]

@@ -17,8 +17,8 @@ from kubernetes import client
 from test_kube_runtime import RBAC_YAML, Gang, ensure_priority_class
 from test_kube_volumes import create_data_claim
 
-from scheduling.runtime.base import LaunchError
-from scheduling.runtime.kubernetes import LogsUnavailable
+from berth.runtime.base import LaunchError
+from berth.runtime.kubernetes import LogsUnavailable
 
 
 def apply_rbac(kube: KubeAPI, team_namespace: str) -> str:

@@ -23,10 +23,8 @@ from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubelet_standin import MERGE_PATCH, KubeletStandin, make_node
 from kubernetes import client
 
-from scheduling.cluster import Cluster
-from scheduling.jobs import Placement, ReplicaPlacement
-from scheduling.runtime.base import LaunchError, LogCursor
-from scheduling.runtime.kubernetes import (
+from berth.runtime.base import LaunchError, LogCursor
+from berth.runtime.kubernetes import (
     DEFAULT_TOLERATIONS,
     KubeLaunch,
     KubeReplica,
@@ -35,8 +33,10 @@ from scheduling.runtime.kubernetes import (
     LogsUnavailable,
     discover_cluster,
 )
-from scheduling.runtime.kubernetes.pods import attempt_name, label_value, pod_manifest
-from scheduling.spec import JobSpec
+from berth.runtime.kubernetes.pods import attempt_name, label_value, pod_manifest
+from berth.spec import JobSpec
+from scheduling.cluster import Cluster
+from scheduling.jobs import Placement, ReplicaPlacement
 
 RBAC_YAML = Path(__file__).resolve().parents[1] / "docker" / "rbac" / "berth-runtime.yaml"
 GPU = "nvidia.com/gpu"

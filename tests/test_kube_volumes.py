@@ -3,8 +3,8 @@ a staging pod and mounted read-only by the replicas, against the real kube-apise
 
 Real: the API server (pods and the staging pod admitted under Pod Security "restricted", the
 PVC read, field selectors), the staging program (`python -m
-scheduling.runtime.kubernetes.staging`, run here as a process with the pod's own command line),
-`scheduling.staging` writing its content-addressed cache, and the paths replicas get. Stood
+berth.runtime.kubernetes.staging`, run here as a process with the pod's own command line),
+`berth.staging` writing its content-addressed cache, and the paths replicas get. Stood
 in: the kube-scheduler (a Binding), the kubelet (tests/kubelet_standin.py, which runs nothing:
 here its `outcome` runs the staging pod's command on this machine and reports its exit code
 and termination message, as a kubelet reads /dev/termination-log) and the volume itself (a
@@ -33,16 +33,16 @@ from test_kube_manifests import DryRun
 from test_kube_runtime import Gang, ensure_priority_class
 from waiting import wait_for
 
-from scheduling.runtime.base import LaunchError
-from scheduling.runtime.kubernetes.dra import Device, DraSettings, claim_manifest
-from scheduling.runtime.kubernetes.pods import (
+from berth.runtime.base import LaunchError
+from berth.runtime.kubernetes.dra import Device, DraSettings, claim_manifest
+from berth.runtime.kubernetes.pods import (
     KubeLaunch,
     KubeReplica,
     KubeSettings,
     owner_reference,
     pod_manifest,
 )
-from scheduling.runtime.kubernetes.staging import (
+from berth.runtime.kubernetes.staging import (
     MAX_RESULT,
     PROGRAM,
     Stager,
@@ -52,14 +52,14 @@ from scheduling.runtime.kubernetes.staging import (
     staging_name,
     staging_pod_manifest,
 )
-from scheduling.runtime.kubernetes.volumes import (
+from berth.runtime.kubernetes.volumes import (
     DataVolume,
     pod_input_env,
     pod_path,
     replica_input_env,
 )
-from scheduling.spec import JobSpec
-from scheduling.staging import StagingError, StagingProblem, stage
+from berth.spec import JobSpec
+from berth.staging import StagingError, StagingProblem, stage
 
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",

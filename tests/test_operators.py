@@ -18,17 +18,17 @@ from airflow.sdk.exceptions import AirflowFailException
 from hypothesis import given
 from hypothesis import strategies as st
 
+from berth.pools import team_pools
+from berth.spec import parse_spec
 from operators.environment import env_key, prepare_environment
 from operators.job import job_id_for, resolve_spec
 from operators.launching import LaunchPlan
 from operators.params import FROM_PARAMS, job_params, spec_from_params
-from operators.pools import team_pools
 from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
 from operators.staging import StagingError, collect_attempt, stage_inputs
 from operators.tracking import TaskRef
 from operators.triggers import AdmissionTrigger, CompletionTrigger
 from scheduling.config import load_cluster, load_teams, parse_teams
-from scheduling.spec import parse_spec
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -167,7 +167,7 @@ import json, logging, sys
 from pathlib import Path
 logging.basicConfig(level=logging.INFO)  # the "built environment" line is an INFO record
 from operators.environment import prepare_environment
-from scheduling.spec import parse_spec
+from berth.spec import parse_spec
 
 spec = parse_spec(json.loads(sys.argv[1]))
 print("RESULT " + json.dumps(prepare_environment(spec, Path(sys.argv[2])).to_dict()))

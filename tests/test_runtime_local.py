@@ -25,10 +25,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from waiting import wait_for
 
+from berth.runtime import GangStatus, LaunchError, LocalLaunch, LocalRuntime, LogCursor
+from berth.runtime.base import replica_env
+from berth.runtime.shim import group_members, proc_stat
 from scheduling.jobs import Placement, ReplicaPlacement
-from scheduling.runtime import GangStatus, LaunchError, LocalLaunch, LocalRuntime, LogCursor
-from scheduling.runtime.base import replica_env
-from scheduling.runtime.shim import group_members, proc_stat
 
 PY = sys.executable
 
@@ -234,7 +234,7 @@ import json, sys
 from pathlib import Path
 from scheduling.config import parse_cluster
 from scheduling.jobs import Placement, ReplicaPlacement
-from scheduling.runtime import LocalRuntime
+from berth.runtime import LocalRuntime
 root, work = Path(sys.argv[1]), Path(sys.argv[2])
 cluster = parse_cluster({"nodes": [{"name": "box", "gpus": 2}]})
 placement = Placement((ReplicaPlacement(0, (0,)), ReplicaPlacement(0, (1,))), "node")

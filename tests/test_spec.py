@@ -18,12 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from berth.spec import JobSpec, SpecError, SpecProblem, check_spec, parse_spec
+from berth.spec_fields import RESERVED_ENV, Topology
 from scheduling.admission import check_job
 from scheduling.cluster import TOPOLOGY_CHOICES
 from scheduling.jobs import Job
 from scheduling.resources import Resources
-from scheduling.spec import JobSpec, SpecError, SpecProblem, check_spec, parse_spec
-from scheduling.spec_fields import RESERVED_ENV, Topology
 
 PROPERTY = settings(derandomize=True, deadline=None, database=None, max_examples=150)
 DIGEST = "sha256:" + "0123456789abcdef" * 4
@@ -613,8 +613,8 @@ def test_check_spec_rejects_what_never_fits_naming_a_field(
 
 
 def test_reserved_env_covers_what_the_platform_sets(tmp_path) -> None:
-    from scheduling.runtime.base import RUNTIME_ENV
-    from scheduling.tracking import AttemptRun, JobTracker
+    from berth.runtime.base import RUNTIME_ENV
+    from berth.tracking import AttemptRun, JobTracker
 
     tracker = JobTracker("http://127.0.0.1:9", tmp_path)  # no server needed to build the env
     tracked = tracker.attempt_env(AttemptRun("1", "p", "r", 1))

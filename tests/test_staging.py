@@ -33,8 +33,8 @@ from hypothesis import strategies as st
 from rich.console import Console
 from s3server import S3Server
 
-from scheduling.staging import StagedInput, StagedInputs, StagingError, prune, rich_progress, stage
-from scheduling.staging.sources import Throttle, s3_endpoint_url
+from berth.staging import StagedInput, StagedInputs, StagingError, prune, rich_progress, stage
+from berth.staging.sources import Throttle, s3_endpoint_url
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -425,7 +425,7 @@ CHILD = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from scheduling.staging import stage
+    from berth.staging import stage
     go = Path(sys.argv[3])
     deadline = time.monotonic() + 30
     while not go.exists():  # start together, so that both reach the lock at once

@@ -38,11 +38,11 @@ import pytest
 from airflow_server import USER, AirflowDeployment, wait_until
 from store_workload import audit
 
-from operators.pools import sync_pools
+from berth.pools import sync_pools
+from berth.runtime import LocalRuntime
+from berth.store import Event, JobStatus, Store
 from scheduling.config import load_cluster, load_teams
 from scheduling.resources import Resources
-from scheduling.runtime import LocalRuntime
-from scheduling.store import Event, JobStatus, Store
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = str(REPO / "dags" / "training" / "train_mlp.py")

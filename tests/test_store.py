@@ -18,9 +18,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from store_workload import audit, ceilings, job_id, open_store, run_workers
 
-from scheduling.policy import BERTH
-from scheduling.spec import JobSpec, SpecError, parse_spec
-from scheduling.store import (
+from berth.spec import JobSpec, SpecError, parse_spec
+from berth.store import (
     DuplicateJobError,
     JobStateError,
     StaleAttemptError,
@@ -29,6 +28,7 @@ from scheduling.store import (
     UnknownJobError,
     UnsupportedPolicyError,
 )
+from scheduling.policy import BERTH
 
 # 2 nodes x 4 GPUs (2 NVLink pairs each). a may borrow all of b's idle quota.
 CLUSTER = cluster(nodes=2, gpus=4, groups=2)

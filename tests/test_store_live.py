@@ -16,11 +16,11 @@ import pytest
 from builders import cluster, teams
 from store_workload import audit
 
+from berth.spec import parse_spec
+from berth.store import ClusterView, Store, StoreError
 from scheduling.cluster import Cluster
 from scheduling.policy import BERTH
 from scheduling.resources import Resources
-from scheduling.spec import parse_spec
-from scheduling.store import ClusterView, Store, StoreError
 
 FULL = cluster(nodes=2, gpus=4, groups=2)
 N0, N1 = (n.name for n in FULL.nodes)

@@ -18,10 +18,10 @@ from mlflow.tracking import MlflowClient
 from mlflow_server import MlflowServer
 from waiting import wait_for
 
+from berth.runtime import LocalRuntime
+from berth.settings import BerthSettings
+from berth.tracking import AttemptRun, JobTracker
 from scheduling.jobs import Placement, ReplicaPlacement
-from scheduling.runtime import LocalRuntime
-from scheduling.settings import BerthSettings
-from scheduling.tracking import AttemptRun, JobTracker
 
 DEADLINE_S = 90.0  # generous: the machine is shared; samples come every 0.5 s
 INTERVAL_S = "0.5"

@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from mlflow_server import MlflowServer
 
-from scheduling.tracking import JobTracker
+from berth.tracking import JobTracker
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -146,7 +146,7 @@ def test_the_mlflow_folder_does_not_shadow_the_library():
 
 
 def test_register_model_adds_a_version_per_success_and_names_a_missing_path(server, tmp_path):
-    from scheduling.tracking import TrackingError
+    from berth.tracking import TrackingError
 
     tracker = JobTracker(server.uri, tmp_path / "spool")
     run = _open(tracker, "job-e", 1)

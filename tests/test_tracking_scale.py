@@ -11,7 +11,7 @@ from mlflow_server import MlflowServer
 from pg import PostgresServer, postgres  # noqa: F401 (the session fixture)
 from s3server import CREDENTIALS, S3Server
 
-from scheduling.tracking import JobTracker
+from berth.tracking import JobTracker
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,180 @@
+"""`berth simulate | trace import | policies | check`: the simulator and its inputs.
+
+The engine itself is in `scheduling/`; this module only reads files, runs the simulator and
+prints what it found.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from scheduling.config import ConfigError, load_cluster, load_teams
+from scheduling.policy import POLICIES, UnknownPolicyError, get_policy
+from scheduling.simulator.trace import TraceFormatError, load_trace
+
+console = Console(stderr=True)
+
+KEY_METRICS = (
+    ("avg_jct_s", "avg JCT (s)"),
+    ("p99_jct_s", "p99 JCT (s)"),
+    ("avg_queue_s", "avg queue (s)"),
+    ("p99_queue_s", "p99 queue (s)"),
+    ("gpu_utilization", "GPU utilization"),
+    ("fragmentation", "fragmentation"),
+    ("preemptions", "preemptions"),
+    ("partial_gang_jobs", "partial gangs"),
+    ("single_node_share_small", "<=8-GPU jobs on one node"),
+    ("jain_fairness", "Jain fairness"),
+    ("wall_s", "simulation wall (s)"),
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(policies)
+    app.command()(check)
+    app.command()(simulate)
+    trace_app = typer.Typer(help="Turn public cluster traces into simulator inputs.")
+    trace_app.command("import")(trace_import)
+    app.add_typer(trace_app, name="trace")
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(2)
+
+
+def policies() -> None:
+    """List the scheduling policies the simulator knows."""
+    for name, p in POLICIES.items():
+        typer.echo(
+            f"{name:22} quotas={p.quotas} ordering={p.ordering} placement={p.placement} "
+            f"preemption={p.preemption} partial_gangs={p.partial_gangs}"
+        )
+
+
+def check(
+    cluster: Annotated[Path, typer.Option(help="cluster.yaml")],
+    teams: Annotated[Path, typer.Option(help="teams.yaml")],
+) -> None:
+    """Validate a cluster.yaml and a teams.yaml and print what they declare."""
+    try:
+        cl = load_cluster(cluster)
+        tm = load_teams(teams)
+    except ConfigError as e:
+        raise _fail(str(e)) from None
+    typer.echo(
+        f"cluster {cl.name}: {len(cl.nodes)} nodes, {cl.total.gpu // 1000} GPUs, "
+        f"levels {' > '.join(['cluster', *cl.levels, 'node', 'gpu_group'])}"
+    )
+    for t in tm.values():
+        typer.echo(f"team {t.name}: nominal {t.nominal.as_units()} weight {t.weight:g}")
+
+
+def simulate(
+    cluster: Annotated[Path, typer.Option(help="cluster.yaml: nodes, topology, slowdown")],
+    teams: Annotated[Path, typer.Option(help="teams.yaml: quotas")],
+    trace: Annotated[Path, typer.Option(help="jobs.csv")],
+    out: Annotated[Path, typer.Option(help="output directory")],
+    policy: Annotated[str, typer.Option(help="policy name (see `berth policies`)")] = "berth",
+    compare: Annotated[
+        str | None, typer.Option(help="comma-separated policies to run side by side")
+    ] = None,
+    checkpoint_interval: Annotated[
+        float | None, typer.Option(help="seconds of work kept at each checkpoint on preemption")
+    ] = None,
+) -> None:
+    """Replay a trace through the engine and write events, a summary, a report and plots."""
+    from scheduling.simulator.compare import write_comparison
+    from scheduling.simulator.metrics import ClusterInfo, TeamInfo, summarize
+    from scheduling.simulator.report import write_report
+    from scheduling.simulator.sim import simulate as run
+
+    names = [p.strip() for p in (compare or policy).split(",") if p.strip()]
+    try:
+        chosen = [get_policy(n) for n in names]
+        cl = load_cluster(cluster)
+        tm = load_teams(teams)
+        jobs = load_trace(trace)
+    except (ConfigError, UnknownPolicyError, TraceFormatError) as e:
+        raise _fail(str(e)) from None
+    info = ClusterInfo({n.name: n.gpus for n in cl.nodes})
+    team_info = [TeamInfo(t.name, t.nominal.as_units()["gpus"], t.weight) for t in tm.values()]
+    summaries = []
+    for pol in chosen:
+        target = out / pol.name if compare else out
+        target.mkdir(parents=True, exist_ok=True)
+        with _progress() as bar:
+            task = bar.add_task(f"{pol.name}", total=len(jobs))
+            result = run(
+                cl,
+                tm,
+                jobs,
+                pol,
+                checkpoint_s=checkpoint_interval,
+                progress=lambda done, _total, task=task: bar.update(task, completed=done),
+            )
+        with (target / "events.jsonl").open("w") as fh:
+            for ev in result.events:
+                fh.write(json.dumps(ev, separators=(",", ":")) + "\n")
+        summary = summarize(result.events, info, team_info, policy=pol.name, wall_s=result.wall_s)
+        write_report(target, summary, title=f"{pol.name} on {trace.name}, cluster {cl.name}")
+        summaries.append(summary)
+        console.print(f"{pol.name}: {result.cycles} cycles in {result.wall_s:.1f} s -> {target}")
+    if compare:
+        write_comparison(out, summaries)
+    _print_table(summaries)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("jobs settled"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+def _print_table(summaries: list) -> None:
+    table = Table(title="simulation summary")
+    table.add_column("metric")
+    for s in summaries:
+        table.add_column(s.policy, justify="right")
+    for key, label in KEY_METRICS:
+        row = [label]
+        for s in summaries:
+            v = s.data.get(key)
+            row.append("-" if v is None else f"{v:,.3f}" if isinstance(v, float) else f"{v:,}")
+        table.add_row(*row)
+    Console().print(table)
+
+
+def trace_import(
+    kind: Annotated[str, typer.Argument(help="trace kind: philly")],
+    src: Annotated[Path, typer.Argument(help="the trace CSV, or a directory holding it")],
+    gpus: Annotated[int, typer.Option(help="GPUs in the simulated cluster")],
+    out: Annotated[Path, typer.Option(help="output directory")],
+) -> None:
+    """Import a public trace as jobs.csv, teams.yaml and cluster.yaml."""
+    from scheduling.simulator.philly import PhillyImportError, import_philly
+
+    if kind != "philly":
+        raise _fail(f"unknown trace kind {kind!r}; supported: philly")
+    try:
+        res = import_philly(src, gpus, out)
+    except (PhillyImportError, TraceFormatError, FileNotFoundError) as e:
+        raise _fail(str(e)) from None
+    typer.echo(
+        f"{res.jobs} jobs ({res.gangs} gangs) from {res.teams} teams; "
+        f"{res.clamped_durations} durations clamped to 1 s\n"
+        f"wrote {res.jobs_path}, {res.teams_path}, {res.cluster_path}"
+    )

@@ -1,0 +1,443 @@
+"""The Kubernetes runtime: an admitted gang as pods, exactly where the engine placed it.
+
+One attempt is a headless Service (rank 0's DNS name, the owner of the pods, and the launch
+record in an annotation) and one pod per replica bound to its node (see `pods.py`). Nothing
+is kept locally: any process finds an attempt again by its labels (`reattach`), and what a
+poller decides (the gang's failure, a stop) is written on the Service, so that every later
+poll, from any process, tells the same story.
+
+All or nothing at run time, as Kueue's waitForPodsReady: `poll` tears the attempt down when
+not every replica is Running `start_timeout_s` after launch, and when any replica fails; the
+status says which replica failed, why, and whether to fail, retry or requeue (`status.py`).
+`poll` enforces these, so the caller polls (the completion trigger does); the kubelet enforces
+the time limit by itself (`activeDeadlineSeconds`).
+
+Replicas hold exactly the engine's GPUs through ResourceClaims where the cluster serves DRA
+(`claims.py`), and read staged inputs from the team's data volume, which `stage_inputs` fills
+with a staging pod (`staging.py`, docs/decisions/0008).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path, PurePath
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from berth.runtime.base import Launch, LaunchError, LogCursor, check_launch
+from berth.runtime.kubernetes import pods as manifests
+from berth.runtime.kubernetes import status as fate
+from berth.runtime.kubernetes.claims import AttemptClaims
+from berth.runtime.kubernetes.inventory import BERTH, MANAGED_BY
+from berth.runtime.kubernetes.pod_logs import LogsUnavailable as LogsUnavailable
+from berth.runtime.kubernetes.pod_logs import rank0_lines
+from berth.runtime.kubernetes.pods import FAILURE, JOB_ID, LAUNCH, STOPPED, KubeLaunch
+from berth.runtime.kubernetes.staging import Stager
+from berth.runtime.kubernetes.status import KubeGangStatus, api_problem, failure_record
+from berth.runtime.kubernetes.volumes import replica_input_env
+from berth.spec import JobSpec
+from berth.staging import StagedInputs
+from scheduling.cluster import Cluster
+from scheduling.jobs import Placement
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubernetesRuntime:
+    """Runs gangs as pods in each team's namespace; see the module docstring."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        settings: manifests.KubeSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.core = client.CoreV1Api(api)
+        self.settings = settings or manifests.KubeSettings()
+        self.clock = clock  # wall clock, as Launch.launched_at
+        self.claims = AttemptClaims(api, self.settings.dra)
+        self.stager = Stager(self.core, self.settings)
+
+    def namespace(self, team: str) -> str:
+        """The team's namespace (LaunchError naming the setting when it is not valid)."""
+        try:
+            return manifests.namespace_for(self.settings, team)
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
+
+    # ---- launch -------------------------------------------------------------------------
+
+    def launch(
+        self,
+        job_id: str,
+        attempt: int,
+        command: Sequence[str],
+        placement: Placement,
+        cluster: Cluster,
+        *,
+        env: Mapping[str, str],
+        workdir: Path | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        time_limit_s: float | None = None,
+        image: str | None = None,
+        team: str | None = None,
+        cpus: float = 1.0,
+        memory_gb: float = 4.0,
+        mount_data: bool = False,
+    ) -> KubeLaunch:
+        """Create the attempt's Service, then per replica its ResourceClaim (where DRA applies)
+        and its pod on its node; returns at once (`poll` watches the start). `workdir` is
+        ignored (the image's holds); `mount_data`: the team's data volume, read-only. A GPU that
+        another claim holds is a `rejected` failure on the Service (requeued), nothing more.
+
+        Raises LaunchError for bad input, an attempt launched before, or a refused object (what
+        was created is deleted first: no partial gangs).
+        """
+        check_launch(job_id, attempt, command, placement, cluster, env, extra_env, time_limit_s)
+        if not image:
+            raise LaunchError("image: the Kubernetes runtime runs a container image; set `image`")
+        if not team:
+            raise LaunchError("team: required, it picks the namespace; pass the job's team")
+        if not (cpus > 0 and memory_gb > 0):
+            raise LaunchError(f"cpus, memory_gb: must be > 0, got {cpus}, {memory_gb}")
+        namespace = self.namespace(team)
+        try:
+            data_claim = self.stager.data_claim(namespace, team) if mount_data else None
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
+        launch = manifests.new_launch(
+            self.settings, job_id, attempt, placement, cluster, namespace=namespace,
+            team=team, image=image, launched_at=self.clock(), time_limit_s=time_limit_s,
+            data_claim=data_claim,
+        )  # fmt: skip
+        plan = self.claims.plan(launch)
+        launch, service = plan.launch, launch.service
+        body = manifests.service_manifest(launch)
+        if plan.conflict is not None:
+            body["metadata"]["annotations"][FAILURE] = json.dumps(plan.conflict)
+        try:
+            owner = self.core.create_namespaced_service(namespace, body)
+        except ApiException as e:
+            if e.status == 409:
+                raise LaunchError(
+                    f"job {job_id!r} attempt {attempt} was launched before (Service "
+                    f"{namespace}/{service}); reattach(job_id, attempt) to follow it, or launch "
+                    "a new attempt number"
+                ) from None
+            raise LaunchError(f"the attempt's Service was refused: {api_problem(e)}") from None
+        if plan.conflict is not None:
+            return launch  # `poll` tells the failure; no pod may take a held GPU
+        cpu, mem = manifests.engine_units(cpus, memory_gb)
+        variables = dict(env) | dict(extra_env or {})
+        uid = owner.metadata.uid
+        for rep in launch.replicas:
+            body = manifests.pod_manifest(
+                self.settings, launch, rep, list(command), variables, cpu, mem, uid
+            )
+            what = "ResourceClaim"
+            try:
+                if rep.claim is not None:
+                    self.claims.create(plan, rep, uid)
+                what = "pod"
+                pod = self.core.create_namespaced_pod(namespace, body)
+                if rep.claim is not None:
+                    what = "ResourceClaim's allocation"
+                    self.claims.bind(plan, rep, pod)
+            except Exception as e:  # refused, or the connection broke: no half gang is left
+                refused = isinstance(e, ApiException)
+                why = api_problem(e) if refused else f"{type(e).__name__}: {e}"
+                try:
+                    self._delete(launch, 0, service=True)
+                except Exception as cleanup:  # the Service owns the rest: name it for a person
+                    why += (
+                        f"; deleting the attempt failed too ({type(cleanup).__name__}), so "
+                        f"delete Service {namespace}/{service} (it owns the pods and claims)"
+                    )
+                raise LaunchError(
+                    f"rank {rep.rank}'s {what} {'was refused' if refused else 'failed'}, so "
+                    f"the attempt was deleted: {why}"
+                ) from None
+        return launch
+
+    def launch_spec(
+        self,
+        spec: JobSpec,
+        job_id: str,
+        attempt: int,
+        placement: Placement,
+        cluster: Cluster,
+        *,
+        extra_env: Mapping[str, str] | None = None,
+        staged_root: PurePath | str | None = None,
+    ) -> KubeLaunch:
+        """`launch` with what a JobSpec says (image, team, command, resources, env, limit).
+
+        A job with `inputs` mounts the team's data volume; `extra_env` then holds the staged
+        inputs' variables (`StagedInputs.env()`), whose paths are moved into the mount from
+        `staged_root`, the directory they were staged under (None: by `stage_inputs`, whose
+        paths already are in the mount)."""
+        if spec.image is None:
+            raise LaunchError(
+                "image: the Kubernetes runtime runs container images; build the job's "
+                "`environment` into an image and set `image` instead"
+            )
+        extra, volume = dict(extra_env or {}), self.settings.data_volume
+        try:
+            extra = replica_input_env(extra, len(spec.inputs), volume, staged_root)
+        except ValueError as e:
+            raise LaunchError(str(e)) from None
+        return self.launch(
+            job_id, attempt, spec.command, placement, cluster,
+            env=spec.env, extra_env=extra, time_limit_s=spec.time_limit_s,
+            image=spec.image, team=spec.team, cpus=spec.cpus_per_replica,
+            memory_gb=spec.memory_gb_per_replica, mount_data=bool(spec.inputs),
+        )  # fmt: skip
+
+    def stage_inputs(self, team: str, inputs: Sequence[str]) -> StagedInputs:
+        """Stage `inputs` into the team's data volume with a staging pod and return where
+        replicas read them (pass `.env()` as `launch_spec`'s extra_env). Raises StagingError
+        for the inputs' problems, StagingPodFailed for the pod's, ValueError for settings."""
+        return self.stager.stage(team, inputs)
+
+    # ---- follow -------------------------------------------------------------------------
+
+    def poll(self, launch: Launch) -> KubeGangStatus:
+        """The gang now. On its first failure (or a start timeout, or the time limit) the
+        failure is written on the Service and every replica still running is deleted with the
+        grace period before this returns."""
+        launch = _kube(launch)
+        owner, by_rank = self._service(launch), self._pods(launch)
+        common = {"started_at": launch.launched_at, "time_limit_s": launch.time_limit_s}
+        notes = (owner and owner.metadata.annotations) or {}
+        if owner is None or STOPPED in notes or FAILURE in notes:
+            if any(p.metadata.deletion_timestamp is None and _running(p) for p in by_rank.values()):
+                self._delete(launch, self.settings.grace_s, by_rank=by_rank, only_running=True)
+                by_rank = self._pods(launch)
+            replicas = _statuses(launch, by_rank, ending=True)
+            if FAILURE in notes:
+                record = json.loads(notes[FAILURE])
+                return KubeGangStatus(state="failed", replicas=replicas, **common, **record)
+            told = "stopped on request" if owner else "stopped: its Service is gone"
+            return KubeGangStatus(state="stopped", replicas=replicas, **common, message=told)
+        alive = self._nodes_alive(launch, by_rank)
+        failures = fate.gang_failures(launch, by_rank, alive, self.clock())
+        if failures:
+            record = self._record_failure(launch, owner, failure_record(failures))
+            self._delete(launch, self.settings.grace_s, by_rank=by_rank, only_running=True)
+            by_rank = self._pods(launch)
+            replicas = _statuses(launch, by_rank, ending=True)
+            return KubeGangStatus(state="failed", replicas=replicas, **common, **record)
+        replicas = _statuses(launch, by_rank, ending=False)
+        done = all(s.state == "exited" and s.exit_code == 0 for s in replicas)
+        return KubeGangStatus(state="succeeded" if done else "running", replicas=replicas, **common)
+
+    def stop(self, launch: Launch, grace_s: float | None = None) -> None:
+        """Delete the attempt's pods with a grace period (SIGTERM, then SIGKILL after
+        `grace_s`, default the settings': time to checkpoint), then its Service. Idempotent."""
+        launch = _kube(launch)
+        grace = self.settings.grace_s if grace_s is None else grace_s
+        body = {"metadata": {"annotations": {STOPPED: str(self.clock())}}}
+        try:
+            self.core.patch_namespaced_service(
+                launch.service, launch.namespace, body, _content_type=MERGE_PATCH
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        self._delete(launch, grace, service=True)
+
+    def logs(self, launch: Launch, cursor: LogCursor | None = None) -> tuple[list[str], LogCursor]:
+        """Complete new lines of rank 0's log since `cursor`, as `[rank 0] line`; raises
+        LogsUnavailable when the API server cannot read it (`pod_logs.py`)."""
+        launch = _kube(launch)
+        return rank0_lines(self.core, launch, self._pods(launch).get(0), cursor)
+
+    def reattach(self, job_id: str, attempt: int, *, team: str | None = None) -> KubeLaunch | None:
+        """The handle of a launched attempt from its Service's record; None if none. Without
+        `team` the namespace is found from the attempt's pods (cluster-wide, by label)."""
+        if team is not None:
+            namespaces = [self.namespace(team)]
+        else:
+            found = self.core.list_pod_for_all_namespaces(
+                label_selector=manifests.selector(job_id, attempt)
+            )
+            namespaces = sorted({p.metadata.namespace for p in found.items})
+        for namespace in namespaces:
+            try:
+                owner = self.core.read_namespaced_service(
+                    manifests.attempt_name(job_id, attempt), namespace
+                )
+            except ApiException as e:
+                if e.status == 404:
+                    continue
+                raise
+            notes = owner.metadata.annotations or {}
+            if notes.get(JOB_ID) == job_id and LAUNCH in notes:
+                return KubeLaunch.from_dict(json.loads(notes[LAUNCH]))
+        return None
+
+    def launch_from_dict(self, data: Mapping[str, Any]) -> KubeLaunch:
+        return KubeLaunch.from_dict(data)
+
+    def cleanup_orphans(
+        self,
+        known_live: set[tuple[str, int]],
+        namespaces: Iterable[str] | None = None,
+        *,
+        keep_s: float = 0.0,
+    ) -> list[str]:
+        """Delete Berth's pods, Services and ResourceClaims of attempts not in `known_live`
+        ((job id, attempt) pairs the store considers live) in `namespaces` (the teams'); returns
+        'namespace/kind/name' of each deleted.
+
+        An attempt with an object created, or a replica ended, less than `keep_s` ago (by this
+        runtime's clock) is left for now: a finished attempt stays readable (`kubectl logs`)
+        that long, and an attempt launched after `known_live` was read is not taken for an
+        orphan. None for `namespaces`: every namespace where Berth's pods are found
+        (cluster-wide); a Service whose pods are all gone is then missed, so pass the teams'
+        namespaces when they are known."""
+        berth = f"{MANAGED_BY}={BERTH},{manifests.JOB},{manifests.ATTEMPT}"
+        found = self.core.list_pod_for_all_namespaces(label_selector=berth).items
+        scope = {p.metadata.namespace for p in found} if namespaces is None else set(namespaces)
+        services = [
+            svc
+            for ns in sorted(scope)
+            for svc in self.core.list_namespaced_service(ns, label_selector=berth).items
+        ]
+        now = self.clock()
+        recent = {
+            manifests.attempt_key(obj)
+            for obj in (*found, *services)
+            if keep_s > 0 and now - _last_activity(obj) < keep_s
+        }
+        spare = set(known_live) | recent
+        deleted: list[str] = []
+        for pod in found:
+            ns, name = pod.metadata.namespace, pod.metadata.name
+            if ns in scope and manifests.attempt_key(pod) not in spare:
+                self._delete_one("pod", ns, name, self.settings.grace_s)
+                deleted.append(f"{ns}/pod/{name}")
+        for svc in services:
+            if manifests.attempt_key(svc) not in spare:
+                ns = svc.metadata.namespace
+                self._delete_one("service", ns, svc.metadata.name)
+                deleted.append(f"{ns}/service/{svc.metadata.name}")
+        return deleted + self.claims.orphans(scope, spare, berth)
+
+    # ---- helpers ------------------------------------------------------------------------
+
+    def _service(self, launch: KubeLaunch) -> Any | None:
+        try:
+            return self.core.read_namespaced_service(launch.service, launch.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def _pods(self, launch: KubeLaunch) -> dict[int, Any]:
+        """This attempt's pods by rank (those of a same-named attempt of another id excluded)."""
+        found = self.core.list_namespaced_pod(
+            launch.namespace, label_selector=manifests.selector(launch.job_id, launch.attempt)
+        )
+        names = {r.pod: r.rank for r in launch.replicas}
+        return {names[p.metadata.name]: p for p in found.items if p.metadata.name in names}
+
+    def _nodes_alive(self, launch: KubeLaunch, by_rank: Mapping[int, Any]) -> dict[str, bool]:
+        """Whether each node of the gang still exists (asked only where a pod may need it)."""
+        alive = {r.node_name: True for r in launch.replicas}
+        for rep in launch.replicas:
+            pod = by_rank.get(rep.rank)
+            if pod is None or pod.status.phase in ("Pending", "Running"):
+                try:
+                    self.core.read_node(rep.node_name)
+                except ApiException as e:
+                    if e.status != 404:
+                        raise
+                    alive[rep.node_name] = False
+        return alive
+
+    def _record_failure(
+        self, launch: KubeLaunch, owner: Any, record: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Write the failure on the Service unless another poller wrote one first (the
+        resourceVersion precondition); returns the one that stands."""
+        meta = {"resourceVersion": owner.metadata.resource_version}
+        body = {"metadata": meta | {"annotations": {FAILURE: json.dumps(record)}}}
+        try:
+            self.core.patch_namespaced_service(
+                launch.service, launch.namespace, body, _content_type=MERGE_PATCH
+            )
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
+            again = self._service(launch)
+            notes = (again and again.metadata.annotations) or {}
+            if FAILURE in notes:
+                return json.loads(notes[FAILURE])
+        return record
+
+    def _delete(
+        self,
+        launch: KubeLaunch,
+        grace_s: float,
+        *,
+        by_rank: Mapping[int, Any] | None = None,
+        only_running: bool = False,
+        service: bool = False,
+    ) -> None:
+        """Delete the attempt's pods (only those not yet ended, when `only_running`: a failed
+        pod keeps its status for people to read), then its claims and Service when `service`."""
+        for rep in launch.replicas:
+            pod = by_rank.get(rep.rank) if by_rank is not None else None
+            if by_rank is not None and pod is None:
+                continue
+            if only_running and pod is not None and not _running(pod):
+                continue
+            self._delete_one("pod", launch.namespace, rep.pod, grace_s)
+        if service:
+            self.claims.delete(launch)
+            self._delete_one("service", launch.namespace, launch.service)
+
+    def _delete_one(self, kind: str, namespace: str, name: str, grace_s: float = 0) -> None:
+        call = getattr(self.core, f"delete_namespaced_{kind}")  # pod, service
+        try:
+            call(name, namespace, grace_period_seconds=round(grace_s))
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+def _kube(launch: Launch) -> KubeLaunch:
+    if not isinstance(launch, KubeLaunch):
+        raise LaunchError(
+            f"launch: a {launch.runtime!r} launch cannot be followed by the Kubernetes "
+            "runtime; use the runtime that launched it (or launch_from_dict)"
+        )
+    return launch
+
+
+def _statuses(
+    launch: KubeLaunch, by_rank: Mapping[int, Any], *, ending: bool
+) -> tuple[fate.KubeReplicaStatus, ...]:
+    return tuple(fate.replica_status(r, by_rank.get(r.rank), ending) for r in launch.replicas)
+
+
+def _running(pod: Any) -> bool:
+    return pod.status.phase in ("Pending", "Running")
+
+
+def _last_activity(obj: Any) -> float:
+    """When a pod or Service last changed in a way that matters for keeping it: its creation,
+    or the latest end of one of its containers (epoch seconds)."""
+    times = [obj.metadata.creation_timestamp.timestamp()]
+    status = getattr(obj, "status", None)
+    for c in getattr(status, "container_statuses", None) or ():
+        ended = c.state and c.state.terminated and c.state.terminated.finished_at
+        if ended:
+            times.append(ended.timestamp())
+    return max(times)

@@ -1,0 +1,104 @@
+"""Connections and the store's one lock, on SQLite and PostgreSQL.
+
+Every state-changing operation runs in one transaction that first takes the store's lock, so
+concurrent pollers (Airflow triggers, workers, several machines) see and change the state one
+at a time and a cycle never works from a stale view:
+
+- PostgreSQL: `SELECT ... FROM engine WHERE id = 1 FOR UPDATE` (the lock row), at READ
+  COMMITTED, so every later statement of the transaction sees what the previous holder committed.
+- SQLite: WAL (readers do not block the writer), and `BEGIN IMMEDIATE` for writers (SQLAlchemy's
+  documented recipe: the driver in autocommit mode, BEGIN emitted on SQLAlchemy's "begin"), so
+  the write lock is taken at the start rather than at the first write, with a busy timeout.
+
+Readers (status, jobs, events, usage) take no lock: they see the last committed state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Connection, Engine, create_engine, event, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from berth.store.schema import engine_row, metadata
+
+READ = "berth_read"  # execution option: a read-only transaction (no BEGIN IMMEDIATE)
+
+
+class StoreURLError(ValueError):
+    """The database URL is malformed or names a database the store does not support."""
+
+
+def connect(url: str, busy_timeout_s: float = 60.0) -> Engine:
+    """An Engine for `url` (sqlite:///path or postgresql+psycopg://...), set up for locking."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StoreURLError(
+            f"url: cannot parse {url!r}; write sqlite:///path/berth.db or "
+            "postgresql+psycopg://user:password@host:5432/berth"
+        ) from None
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        if parsed.database in (None, "", ":memory:"):
+            raise StoreURLError(
+                f"url: {url!r} is an in-memory SQLite database, which other processes cannot "
+                "share; give a file, e.g. sqlite:///path/berth.db"
+            )
+        engine = create_engine(parsed, connect_args={"timeout": busy_timeout_s})
+        _sqlite_locking(engine, busy_timeout_s)
+        return engine
+    if backend == "postgresql":
+        if parsed.get_driver_name() != "psycopg":
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        return create_engine(parsed, isolation_level="READ COMMITTED", pool_pre_ping=True)
+    raise StoreURLError(
+        f"url: {backend!r} databases are not supported; use sqlite:///path/berth.db or "
+        "postgresql+psycopg://..."
+    )
+
+
+def _sqlite_locking(engine: Engine, busy_timeout_s: float) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:
+        dbapi_conn.isolation_level = None  # let SQLAlchemy's "begin" below issue BEGIN
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA synchronous=NORMAL")  # WAL keeps commits atomic; fewer fsyncs
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        read = conn.get_execution_options().get(READ, False)
+        conn.exec_driver_sql("BEGIN" if read else "BEGIN IMMEDIATE")
+
+
+@contextmanager
+def locked(engine: Engine) -> Iterator[Connection]:
+    """A transaction holding the store's lock; commits on success, rolls back on error."""
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(select(engine_row.c.id).where(engine_row.c.id == 1).with_for_update())
+        yield conn
+
+
+@contextmanager
+def reading(engine: Engine) -> Iterator[Connection]:
+    """A read-only transaction: one consistent view, no lock."""
+    with engine.execution_options(**{READ: True}).begin() as conn:
+        yield conn
+
+
+def create_schema(engine: Engine) -> None:
+    """Create missing tables and the engine row; safe when several processes start at once."""
+    with engine.begin() as conn:  # SQLite: BEGIN IMMEDIATE serialises the creators
+        if conn.dialect.name == "postgresql":
+            # CREATE TABLE IF NOT EXISTS races on PostgreSQL's catalog; serialise creators.
+            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7412503)")
+        metadata.create_all(conn)
+        if conn.execute(select(engine_row.c.id).where(engine_row.c.id == 1)).first() is None:
+            conn.execute(engine_row.insert().values(id=1, reservations={}, cycles=0, next_seq=1))

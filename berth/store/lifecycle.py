@@ -1,0 +1,253 @@
+"""A job's transitions outside the cycle: start, end of an attempt, requeue, cancel.
+
+Called by `Store` inside its locked transaction, with the job's current row. Each writes the
+row, the attempt and the event together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sqlalchemy import Connection, select, update
+
+from berth.spec import JobSpec
+from berth.store.audit import emit
+from berth.store.schema import (
+    CANCELLED,
+    FAILED,
+    PREEMPTING,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    attempts,
+    engine_row,
+    jobs,
+)
+from berth.store.views import JobStateError, StaleAttemptError, UnknownJobError
+
+# outcome -> (final state, event) for outcomes that end the job
+_ENDS = {
+    SUCCEEDED: (SUCCEEDED, "finish"),
+    FAILED: (FAILED, "fail"),
+    CANCELLED: (CANCELLED, "cancel"),
+}
+_CLEARED = {
+    "placement": None,
+    "level": None,
+    "admitted_at": None,
+    "started_at": None,
+    "heartbeat_at": None,
+    "waits_for": [],
+    "reason_code": None,
+    "reason_message": None,
+    "reason_level": None,
+    "reason_resource": None,
+    "position": None,
+}
+
+
+def unknown(job_id: str) -> UnknownJobError:
+    return UnknownJobError(f"job_id: no job {job_id!r}; Store.jobs() lists the known jobs")
+
+
+def require(row: Mapping[str, Any], states: Iterable[str], operation: str) -> None:
+    states = tuple(states)
+    if row["state"] not in states:
+        raise JobStateError(
+            f"job {row['id']} is {row['state']}; {operation} needs it "
+            f"{' or '.join(states)} (Store.status() shows its state and last events)"
+        )
+
+
+def check_attempt(row: Mapping[str, Any], attempt: int) -> None:
+    if attempt != row["attempt"]:
+        raise StaleAttemptError(
+            f"attempt: job {row['id']} is at attempt {row['attempt']} ({row['state']}), not "
+            f"{attempt}; this worker's attempt was ended (lost, preempted or cancelled): stop "
+            "its replicas"
+        )
+
+
+def still_stopping(conn: Connection, waits_for: Iterable[str] | None) -> list[str]:
+    ids = list(waits_for or ())
+    if not ids:
+        return []
+    q = select(jobs.c.id).where(jobs.c.id.in_(ids), jobs.c.state == PREEMPTING)
+    return sorted(conn.execute(q).scalars())
+
+
+def last_sign(row: Mapping[str, Any]) -> float:
+    """When the job's worker was last known alive."""
+    for key in ("heartbeat_at", "started_at", "admitted_at"):
+        if row[key] is not None:
+            return row[key]
+    return row["submitted_at"]
+
+
+def insert(
+    conn: Connection,
+    spec: JobSpec,
+    dumped: dict[str, Any],
+    job_id: str,
+    labels: dict[str, str],
+    now: float,
+) -> None:
+    """A new job, queued behind every job queued before it."""
+    job = spec.to_job(job_id, now)
+    conn.execute(
+        jobs.insert().values(
+            id=job_id,
+            name=spec.name,
+            team=spec.team,
+            spec=dumped,
+            state=QUEUED,
+            attempt=0,
+            replicas=job.replicas,
+            gpu=job.gpu,
+            cpu=job.cpu,
+            mem=job.mem,
+            priority=job.priority,
+            topology=job.topology,
+            preemptible=job.preemptible,
+            enqueued_at=now,
+            seq=_take_seq(conn),
+            not_before=0.0,
+            submitted_at=now,
+            waits_for=[],
+            preemptions=0,
+            labels=labels,
+        )
+    )
+    emit(conn, now, job_id, "submit", team=spec.team, gpus=job.demand.gpu / 1000)
+
+
+def start(conn: Connection, row: Mapping[str, Any], now: float) -> None:
+    job_id, attempt = row["id"], row["attempt"]
+    conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job_id)
+        .values(state=RUNNING, started_at=now, heartbeat_at=now)
+    )
+    _attempt_row(conn, job_id, attempt, started_at=now)
+    emit(conn, now, job_id, "start", attempt=attempt)
+
+
+def end_attempt(
+    conn: Connection,
+    row: Mapping[str, Any],
+    outcome: str,
+    exit_code: int | None,
+    message: str,
+    now: float,
+    by: str = "worker",
+) -> None:
+    """End the current attempt: the job ends (succeeded, failed, cancelled) or goes back to
+    its old place in the queue (preempted, lost), using no retry."""
+    job_id, attempt = row["id"], row["attempt"]
+    _attempt_row(
+        conn, job_id, attempt, ended_at=now, outcome=outcome, exit_code=exit_code, message=message
+    )
+    last = {"outcome": outcome, "exit_code": exit_code, "message": message}
+    if outcome in _ENDS:
+        state, kind = _ENDS[outcome]
+        conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id)
+            .values(state=state, finished_at=now, waits_for=[], position=None, **last)
+        )
+        emit(conn, now, job_id, kind, attempt=attempt, **last)
+        return
+    # Preempted, or lost while being preempted: it counts against max_preemptions.
+    preempted = outcome == "preempted" or row["state"] == PREEMPTING
+    # Lost again and again (a node that keeps failing, a GPU another workload holds): back off
+    # as Kueue does after repeated evictions, instead of relaunching in a tight loop.
+    wait = 0.0 if preempted else lost_backoff_s(_lost_in_a_row(conn, job_id))
+    conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job_id)
+        .values(
+            state=QUEUED,
+            preemptions=row["preemptions"] + (1 if preempted else 0),
+            not_before=now + wait if wait else row["not_before"],
+            **_CLEARED,
+            **last,
+        )
+    )
+    kind = "requeue" if outcome == "preempted" else "lost"
+    extra = {"not_before": now + wait} if wait else {}
+    emit(conn, now, job_id, kind, attempt=attempt, by=by, was=row["state"], **last, **extra)
+
+
+LOST_BACKOFF_BASE_S = 10.0
+LOST_BACKOFF_MAX_S = 600.0
+
+
+def lost_backoff_s(lost_in_a_row: int) -> float:
+    """The wait before the next attempt of a job whose last `lost_in_a_row` attempts were all
+    lost: none after the first (a node went away: run elsewhere now), then 10 s, 20 s, 40 s, ...
+    up to 10 minutes."""
+    if lost_in_a_row < 2:
+        return 0.0
+    return min(LOST_BACKOFF_MAX_S, LOST_BACKOFF_BASE_S * 2 ** (lost_in_a_row - 2))
+
+
+def _lost_in_a_row(conn: Connection, job_id: str) -> int:
+    """How many of the job's latest attempts, this one included, ended lost."""
+    q = (
+        select(attempts.c.outcome)
+        .where(attempts.c.job_id == job_id)
+        .order_by(attempts.c.number.desc())
+        .limit(16)
+    )
+    n = 0
+    for outcome in conn.execute(q).scalars():
+        if outcome != "lost":
+            break
+        n += 1
+    return n
+
+
+def requeue_new(conn: Connection, row: Mapping[str, Any], not_before: float, now: float) -> None:
+    """A retry: queued again at the end of its team's queue, for a new attempt."""
+    conn.execute(
+        update(jobs)
+        .where(jobs.c.id == row["id"])
+        .values(
+            state=QUEUED,
+            enqueued_at=now,
+            seq=_take_seq(conn),
+            not_before=float(not_before),
+            finished_at=None,
+            **_CLEARED,
+        )
+    )
+    emit(conn, now, row["id"], "requeue", attempt=row["attempt"], retry=True, not_before=not_before)
+
+
+def cancel_queued(conn: Connection, row: Mapping[str, Any], message: str, now: float) -> None:
+    conn.execute(
+        update(jobs)
+        .where(jobs.c.id == row["id"])
+        .values(state=CANCELLED, finished_at=now, outcome=CANCELLED, message=message, **_CLEARED)
+    )
+    emit(conn, now, row["id"], "cancel", attempt=row["attempt"], was=QUEUED, message=message)
+
+
+def _take_seq(conn: Connection) -> int:
+    """The next place in the queue order shared by all teams (the fifo policy merges them)."""
+    taken = conn.execute(
+        update(engine_row)
+        .where(engine_row.c.id == 1)
+        .values(next_seq=engine_row.c.next_seq + 1)
+        .returning(engine_row.c.next_seq)
+    ).scalar_one()
+    return taken - 1
+
+
+def _attempt_row(conn: Connection, job_id: str, number: int, **values: Any) -> None:
+    conn.execute(
+        update(attempts)
+        .where(attempts.c.job_id == job_id, attempts.c.number == number)
+        .values(**values)
+    )

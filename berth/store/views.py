@@ -1,0 +1,170 @@
+"""What the store hands out: job status, events, usage, a cycle's report; and its errors.
+
+Plain frozen dataclasses, built from rows, so that callers (operators, triggers, the plugin's
+pages, on-call scripts) never hold a database row or a session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from berth.spec import JobSpec
+from berth.store.schema import TERMINAL
+
+
+class StoreError(RuntimeError):
+    """Base of the store's errors."""
+
+
+class UnknownJobError(StoreError, KeyError):
+    """No job has this id."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0])
+
+
+class JobStateError(StoreError):
+    """The job's state does not allow the operation (e.g. starting a job that is queued)."""
+
+
+class StaleAttemptError(JobStateError):
+    """The caller speaks for an older attempt of the job (it was reaped or requeued since)."""
+
+
+class DuplicateJobError(StoreError):
+    """A job with this id exists with a different spec."""
+
+
+class UnsupportedPolicyError(ValueError):
+    """The policy cannot run against the store (partial gangs are simulator-only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedReplica:
+    """One replica: node name, GPU indices on it, `share` in milli-GPUs (0 = exclusive)."""
+
+    node: str
+    gpus: tuple[int, ...]
+    share: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """Everything on-call asks about a job, as of the last commit."""
+
+    id: str
+    name: str
+    team: str
+    state: str
+    attempt: int
+    spec: JobSpec
+    priority: int
+    reason_code: str | None
+    reason_message: str | None
+    reason_level: str | None
+    reason_resource: str | None
+    position: int | None
+    placement: tuple[PlacedReplica, ...]
+    level: str | None
+    waits_for: tuple[str, ...]
+    preemptions: int
+    labels: Mapping[str, str]
+    outcome: str | None
+    exit_code: int | None
+    message: str | None
+    submitted_at: float
+    admitted_at: float | None
+    started_at: float | None
+    heartbeat_at: float | None
+    finished_at: float | None
+    not_before: float
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(sorted({r.node for r in self.placement}))
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of the audit log; `data` depends on `type` (see Store's docstring)."""
+
+    id: int
+    t: float
+    job_id: str
+    type: str
+    data: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TeamUsage:
+    """A team's GPUs held (admitted and running jobs) against its quota, and its queue."""
+
+    team: str
+    gpus: float  # held in the engine's accounting
+    nominal: float  # inf when its nominal does not limit GPUs
+    ceiling: float  # nominal + borrowing limit
+    stopping_gpus: float  # of preempted jobs whose replicas are still being stopped
+    queued: int
+    running: int
+
+    @property
+    def borrowed(self) -> float:
+        return max(0.0, self.gpus - self.nominal)
+
+
+@dataclass(frozen=True, slots=True)
+class CycleReport:
+    """What one `Store.schedule` call decided."""
+
+    cycle: int
+    now: float
+    admitted: tuple[str, ...]
+    preempted: tuple[str, ...]
+    rejected: tuple[str, ...]
+    queued: int
+    next_wakeup: float | None  # a time-based change (backoff, starvation) is due then
+    wall_ms: float
+    waiting: Mapping[str, str] = field(default_factory=dict)  # job -> reason code
+
+
+def placement_from_json(data: Any) -> tuple[PlacedReplica, ...]:
+    return tuple(
+        PlacedReplica(r["node"], tuple(r["gpus"]), int(r.get("share", 0))) for r in data or ()
+    )
+
+
+def status_from_row(row: Mapping[str, Any]) -> JobStatus:
+    return JobStatus(
+        id=row["id"],
+        name=row["name"],
+        team=row["team"],
+        state=row["state"],
+        attempt=row["attempt"],
+        spec=JobSpec.model_validate(row["spec"]),
+        priority=row["priority"],
+        reason_code=row["reason_code"],
+        reason_message=row["reason_message"],
+        reason_level=row["reason_level"],
+        reason_resource=row["reason_resource"],
+        position=row["position"],
+        placement=placement_from_json(row["placement"]),
+        level=row["level"],
+        waits_for=tuple(row["waits_for"] or ()),
+        preemptions=row["preemptions"],
+        labels=dict(row["labels"] or {}),
+        outcome=row["outcome"],
+        exit_code=row["exit_code"],
+        message=row["message"],
+        submitted_at=row["submitted_at"],
+        admitted_at=row["admitted_at"],
+        started_at=row["started_at"],
+        heartbeat_at=row["heartbeat_at"],
+        finished_at=row["finished_at"],
+        not_before=row["not_before"],
+    )

@@ -1,5 +1,0 @@
-"""MLflow tracking of jobs and attempts (see tracker.py); imports mlflow, never Airflow."""
-
-from scheduling.tracking.tracker import STATUS, AttemptRun, JobTracker, TrackingError
-
-__all__ = ["STATUS", "AttemptRun", "JobTracker", "TrackingError"]
