@@ -3,7 +3,6 @@ fix it (`berth.spec` puts them on the model and gathers the problems)."""
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from typing import Literal
@@ -11,7 +10,8 @@ from urllib.parse import urlsplit
 
 from pydantic_core import PydanticCustomError
 
-from scheduling.resources import GPU_UNIT
+from scheduling.cluster import TOPOLOGY_CHOICES
+from scheduling.resources import gpu_request_problem
 
 # Set by the platform for every replica; a user's value would break the gang or the tracking.
 # What the runtimes (runtime/base.py RUNTIME_ENV) and the tracker (tracking/tracker.py
@@ -27,7 +27,7 @@ RESERVED_ENV = frozenset(
     | {"MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"}
 )
 RESERVED_PREFIX = "BERTH_"  # staging adds BERTH_INPUT_<i>, BERTH_INPUT_<NAME>, ...
-Topology = Literal["any", "gpu_group", "node", "rack", "block"]  # cluster.TOPOLOGY_CHOICES
+Topology = Literal[TOPOLOGY_CHOICES]  # what a job may require (scheduling.cluster)
 
 NAME_RE = re.compile(r"[a-z](?:[-a-z0-9]*[a-z0-9])?")
 ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -155,18 +155,11 @@ def engine_min(unit: int, least: str) -> Callable[[float], float]:
 
 
 def gpu_request(v: float) -> float:
-    if v <= 0:
-        raise ValueError(
-            f"must be more than 0, got {v:g}; Berth runs GPU jobs: ask for a share of one GPU "
-            "(e.g. 0.25) or whole GPUs, and run CPU-only work as a plain Airflow task"
-        )
-    if v < 1 and not 1 <= round(v * GPU_UNIT) < GPU_UNIT:
-        raise ValueError(f"a share of one GPU must be from 0.001 to 0.999, got {v:g}; e.g. 0.25")
-    if v > 1 and not v.is_integer():
-        raise ValueError(
-            f"must be a whole number >= 1 or a fraction below 1 (e.g. 0.25), got {v:g}; "
-            f"ask for {math.floor(v)} or {math.ceil(v)}"
-        )
+    problem = gpu_request_problem(v)
+    if problem and v <= 0:
+        problem += "; Berth runs GPU jobs: run CPU-only work as a plain Airflow task"
+    if problem:
+        raise ValueError(problem)
     return v
 
 

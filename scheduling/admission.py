@@ -15,7 +15,7 @@ from scheduling.cluster import Cluster
 from scheduling.jobs import Job
 from scheduling.placement import max_level, place_gang
 from scheduling.quota import Team, cohort_pool
-from scheduling.resources import GPU_UNIT, Resources, fmt_gpus
+from scheduling.resources import GPU_UNIT, Resources, fmt_gpus, gpu_request_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +57,9 @@ def check_job(
         return Rejection("unknown_team", "team", f"unknown team {job.team!r}; known teams: {known}")
     if job.replicas < 1:
         return Rejection("invalid", "replicas", f"replicas must be >= 1, got {job.replicas}")
-    if job.gpu <= 0 or (job.gpu > GPU_UNIT and job.gpu % GPU_UNIT):
-        return Rejection(
-            "invalid",
-            "gpus_per_replica",
-            f"gpus_per_replica must be a whole number >= 1 or a fraction below 1, got "
-            f"{job.gpu / GPU_UNIT:g}",
-        )
+    problem = gpu_request_problem(job.gpu / GPU_UNIT)
+    if problem:
+        return Rejection("invalid", "gpus_per_replica", f"gpus_per_replica {problem}")
     if job.cpu < 0 or job.mem < 0:
         return Rejection("invalid", "cpus_per_replica", "CPUs and memory must be >= 0")
     if not cluster.level_known(job.topology):

@@ -15,8 +15,13 @@ from scheduling.resources import Resources
 
 GPU_GROUP = "gpu_group"
 NODE = "node"
+RACK = "rack"
+BLOCK = "block"
 CLUSTER = "cluster"
-TOPOLOGY_CHOICES = ("any", "gpu_group", "node", "rack", "block")
+# The levels an admin may declare above node, outermost first (cluster.yaml's topology_levels).
+LEVELS_ABOVE_NODE = (BLOCK, RACK)
+# What a job may require its gang to stay within; "any" is the whole cluster.
+TOPOLOGY_CHOICES = ("any", GPU_GROUP, NODE, RACK, BLOCK)
 
 
 @dataclass(frozen=True, slots=True)

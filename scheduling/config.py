@@ -11,12 +11,20 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from scheduling.cluster import CLUSTER, GPU_GROUP, NODE, Cluster, Node
+from scheduling.cluster import (
+    BLOCK,
+    CLUSTER,
+    GPU_GROUP,
+    LEVELS_ABOVE_NODE,
+    NODE,
+    RACK,
+    Cluster,
+    Node,
+)
 from scheduling.quota import Team
 from scheduling.resources import UNLIMITED, Resources
 
-LEVEL_NAMES = ("block", "rack")
-DEFAULT_SLOWDOWN = {GPU_GROUP: 1.0, NODE: 1.1, "rack": 1.3, "block": 1.5, CLUSTER: 1.8}
+DEFAULT_SLOWDOWN = {GPU_GROUP: 1.0, NODE: 1.1, RACK: 1.3, BLOCK: 1.5, CLUSTER: 1.8}
 
 
 class ConfigError(ValueError):
@@ -63,10 +71,10 @@ class ClusterSpec(_Strict):
     @field_validator("topology_levels")
     @classmethod
     def _levels(cls, v: list[str]) -> list[str]:
-        bad = [x for x in v if x not in LEVEL_NAMES]
+        bad = [x for x in v if x not in LEVELS_ABOVE_NODE]
         if bad:
-            raise ValueError(f"unknown level(s) {bad}; use a subset of {list(LEVEL_NAMES)}")
-        if len(set(v)) != len(v) or (v == ["rack", "block"]):
+            raise ValueError(f"unknown level(s) {bad}; use a subset of {list(LEVELS_ABOVE_NODE)}")
+        if v != [level for level in LEVELS_ABOVE_NODE if level in v]:
             raise ValueError("levels must be distinct and outermost first, e.g. [block, rack]")
         return v
 

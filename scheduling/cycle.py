@@ -19,7 +19,7 @@ import math
 from functools import lru_cache
 
 from scheduling.capacity import gang_level
-from scheduling.cluster import CLUSTER
+from scheduling.cluster import CLUSTER, GPU_GROUP, NODE
 from scheduling.decisions import (
     Admit,
     CycleResult,
@@ -353,10 +353,10 @@ def _no_placement(job: Job) -> PendingReason:
 
 @lru_cache(maxsize=4096)  # a few shapes fail over and over; the reason is the same each time
 def _no_placement_reason(replicas: int, gpu: int, level: str) -> PendingReason:
-    if replicas == 1 and level not in ("gpu_group", "node"):
-        level = "node"  # one replica never spans nodes: a node is what it lacks
+    if replicas == 1 and level not in (GPU_GROUP, NODE):
+        level = NODE  # one replica never spans nodes: a node is what it lacks
     what = f"{replicas} x {fmt_gpus(gpu)} GPU"
-    where = "the cluster" if level == "cluster" else f"any one {level}"
+    where = "the cluster" if level == CLUSTER else f"any one {level}"
     return PendingReason(
         Reason.NO_PLACEMENT, f"no room for {what} in {where} right now", level=level
     )

@@ -15,7 +15,6 @@ class Reason(StrEnum):
     NO_PLACEMENT = "no_placement"  # quota fits, but no domain at the required level has room
     BEHIND = "behind_higher_priority"  # a job ahead of it must go first (strict order)
     BACKOFF = "backoff"  # requeued after a gang timeout; waits before trying again
-    PARTIAL = "partial_gang"  # baseline only: some replicas bound, waiting for the rest
 
 
 @dataclass(frozen=True, slots=True)

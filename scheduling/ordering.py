@@ -24,7 +24,7 @@ from scheduling.snapshot import Snapshot
 
 
 class Candidates:
-    """Iterator over pending jobs in policy order, with classes and teams closable mid-cycle."""
+    """Iterator over pending jobs in policy order, with classes closable mid-cycle."""
 
     def __init__(
         self,
@@ -38,7 +38,6 @@ class Candidates:
         self._borrows = borrows
         self._version: dict[str, int] = {}
         self._closed_classes: set[tuple[str, tuple]] = set()
-        self._closed_teams: set[str] = set()
         self._heap: list[tuple] = []
         shares = {}
         for team, classes in snap.queues.items():
@@ -67,22 +66,19 @@ class Candidates:
     def close_class(self, team: str, shape: tuple) -> None:
         self._closed_classes.add((team, shape))
 
-    def close_team(self, team: str) -> None:
-        self._closed_teams.add(team)
-
     def __iter__(self) -> Iterator[Pending]:
         heap, version = self._heap, self._version
         drf = self._ordering == "drf"
         while heap:
             _, ver, team, shape, p, it = heapq.heappop(heap)
-            if team in self._closed_teams or (team, shape) in self._closed_classes:
+            if (team, shape) in self._closed_classes:
                 continue
             if drf and ver != version[team]:  # stale share: re-key and let the heap decide
                 key = self._key(p, self._share(team))
                 heapq.heappush(heap, (key, version[team], team, shape, p, it))
                 continue
             yield p
-            if team in self._closed_teams or (team, shape) in self._closed_classes:
+            if (team, shape) in self._closed_classes:
                 continue
             nxt = next(it, None)
             if nxt is not None:

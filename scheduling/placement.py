@@ -132,7 +132,10 @@ def _whole_in_domain(cap: Capacity, job: Job, level: str) -> list[ReplicaPlaceme
     nodes.sort(key=lambda i: (cap.free_gpus(i), cap.load.get(i, 0.0), i))  # fill holes first
     out: list[ReplicaPlacement] = []
     for i in nodes:
-        n = min(cap.free_gpus(i) // g, _cpu_mem_slots(cap, i, job), job.replicas - len(out))
+        n = min(
+            replica_slots(job, cap.free_gpus(i), cap.free_cpu[i], cap.free_mem[i]),
+            job.replicas - len(out),
+        )
         if n > 0:
             out.extend(_replicas_on_node(cap, i, g, n))
         if len(out) == job.replicas:
@@ -140,12 +143,15 @@ def _whole_in_domain(cap: Capacity, job: Job, level: str) -> list[ReplicaPlaceme
     return None
 
 
-def _cpu_mem_slots(cap: Capacity, i: int, job: Job) -> int:
-    slots = 1 << 30
+def replica_slots(job: Job, gpus: int, cpu: int, mem: int) -> int:
+    """How many replicas of `job` fit in `gpus` whole GPUs, `cpu` milli-CPUs and `mem` MiB of
+    one node (a shared replica counts one GPU): what placement counts on free room and the
+    starvation guard on an empty node."""
+    slots = gpus // (job.whole_gpus or 1)
     if job.cpu:
-        slots = cap.free_cpu[i] // job.cpu
+        slots = min(slots, cpu // job.cpu)
     if job.mem:
-        slots = min(slots, cap.free_mem[i] // job.mem)
+        slots = min(slots, mem // job.mem)
     return slots
 
 
@@ -162,7 +168,7 @@ def _domain_slots(cap: Capacity, level: str, job: Job) -> dict[str, int]:
     for k in range(g, len(cap.node_buckets)):
         per = k // g
         for i in cap.node_buckets[k]:
-            n = min(per, _cpu_mem_slots(cap, i, job)) if limited else per
+            n = replica_slots(job, k, cap.free_cpu[i], cap.free_mem[i]) if limited else per
             if n:
                 d = dom_of[i]
                 slots[d] = slots.get(d, 0) + n

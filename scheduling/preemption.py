@@ -18,8 +18,8 @@ from operator import attrgetter
 from scheduling.capacity import Capacity
 from scheduling.jobs import Job, Placement, Running
 from scheduling.placement import place_gang
-from scheduling.quota import QuotaLedger, Team
-from scheduling.resources import Resources
+from scheduling.quota import QuotaLedger, below_nominal_after
+from scheduling.resources import ZERO, Resources
 from scheduling.snapshot import Snapshot
 
 
@@ -214,26 +214,20 @@ def _plan_on_one_node(
                 by_node[n] = [(r, k)]
             else:
                 entry.append((r, k))
-    usage, nominal = quota.usage, quota.teams
     options: list[tuple[tuple, list[Running]]] = []
     for node, victims in by_node.items():
         free = cap.free_gpus(node)
         if free + sum(k for _, k in victims) < need or not cap.usable(node):
             continue  # even every victim here would not free enough
         cpu, mem = cap.free_cpu[node], cap.free_mem[node]
-        released: dict[str, tuple[int, int, int]] = {}  # per victim team, what the plan frees
+        released = _Released(quota, job.team)
         chosen: list[Running] = []
         for v, k in victims:
             if free >= need and cpu >= job.cpu and mem >= job.mem:
                 break
             vj = v.job
-            d = vj.demand
-            rg, rc, rm = released.get(vj.team, (0, 0, 0))
-            if vj.team != job.team:
-                u = usage[vj.team]
-                if _below_nominal(u.gpu - rg, u.cpu - rc, u.mem - rm, d, nominal[vj.team]):
-                    continue
-            released[vj.team] = (rg + d.gpu, rc + d.cpu, rm + d.mem)
+            if not released.take(vj):
+                continue
             chosen.append(v)
             free += k
             cpu += vj.cpu
@@ -273,30 +267,32 @@ def _plan_on_one_node(
 def _allowed(candidates: list[Running], quota: QuotaLedger, job: Job) -> list[Running]:
     """The candidates in order, less each one that would take its team below nominal once
     the allowed ones before it are gone (the preemptor's own team aside)."""
-    usage, teams = quota.usage, quota.teams
-    released: dict[str, tuple[int, int, int]] = {}
-    allowed = []
-    for r in candidates:
-        v = r.job
-        d = v.demand
-        rg, rc, rm = released.get(v.team, (0, 0, 0))
-        if v.team != job.team:
-            u = usage[v.team]
-            if _below_nominal(u.gpu - rg, u.cpu - rc, u.mem - rm, d, teams[v.team]):
-                continue
-        released[v.team] = (rg + d.gpu, rc + d.cpu, rm + d.mem)
-        allowed.append(r)
-    return allowed
+    released = _Released(quota, job.team)
+    return [r for r in candidates if released.take(r.job)]
 
 
-def _below_nominal(ug: int, uc: int, um: int, release: Resources, team: Team) -> bool:
-    """QuotaLedger.below_nominal_after, for a team whose usage is (ug, uc, um) in the plan."""
-    n = team.nominal
-    return (
-        (release.gpu > 0 and ug - release.gpu < n.gpu)
-        or (release.cpu > 0 and uc > n.cpu and uc - release.cpu < n.cpu)
-        or (release.mem > 0 and um > n.mem and um - release.mem < n.mem)
-    )
+class _Released:
+    """What a plan takes from each victim team so far. A victim may be taken only if its team
+    stays at or above its nominal without it (`quota.below_nominal_after`); the preemptor's own
+    team aside, whose lower-priority jobs it may preempt whatever its usage."""
+
+    __slots__ = ("_preemptor", "_quota", "_taken")
+
+    def __init__(self, quota: QuotaLedger, preemptor_team: str) -> None:
+        self._quota = quota
+        self._preemptor = preemptor_team
+        self._taken: dict[str, Resources] = {}
+
+    def take(self, victim: Job) -> bool:
+        """Count `victim` in the plan and say True, or say False (and count nothing)."""
+        team = victim.team
+        taken = self._taken.get(team, ZERO)
+        if team != self._preemptor:
+            used = self._quota.usage[team] - taken
+            if below_nominal_after(used, victim.demand, self._quota.teams[team].nominal):
+                return False
+        self._taken[team] = taken + victim.demand
+        return True
 
 
 def _plan_greedy(

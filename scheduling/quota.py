@@ -68,6 +68,22 @@ def cohort_pool(teams: Mapping[str, Team]) -> Resources:
     return pool
 
 
+def below_nominal_after(used: Resources, release: Resources, nominal: Resources) -> bool:
+    """True when a team using `used` that gives up `release` ends below its nominal somewhere:
+    the one rule that keeps a preemption from taking a lending team's guarantee.
+
+    GPUs count always: a victim team may never lose GPUs it holds within its nominal. CPUs and
+    memory count only where the team is above its nominal: a team already below its nominal
+    CPUs is not 'taken below' by losing more of them.
+    """
+    n = nominal
+    return (
+        (release.gpu > 0 and used.gpu - release.gpu < n.gpu)
+        or (release.cpu > 0 and used.cpu > n.cpu and used.cpu - release.cpu < n.cpu)
+        or (release.mem > 0 and used.mem > n.mem and used.mem - release.mem < n.mem)
+    )
+
+
 class QuotaLedger:
     """Usage per team and of the cohort's lending pool; cheap to clone for a cycle's scratch.
 
@@ -184,21 +200,6 @@ class QuotaLedger:
             u.gpu + request.gpu <= n.gpu
             and u.cpu + request.cpu <= n.cpu
             and u.mem + request.mem <= n.mem
-        )
-
-    def below_nominal_after(self, team: str, release: Resources) -> bool:
-        """True when releasing `release` would take the team below its nominal somewhere.
-
-        Only resources where the team is at or above nominal count: a team already below its
-        nominal in CPUs is not 'taken below' by losing more CPUs, but it may not lose borrowed
-        GPUs below its GPU nominal.
-        """
-        n = self._nominal[team]
-        u = self.usage[team]
-        return (
-            (release.gpu > 0 and u.gpu - release.gpu < n.gpu)
-            or (release.cpu > 0 and u.cpu > n.cpu and u.cpu - release.cpu < n.cpu)
-            or (release.mem > 0 and u.mem > n.mem and u.mem - release.mem < n.mem)
         )
 
     def dominant_share(self, team: str, total: Resources) -> float:

@@ -15,18 +15,7 @@ from scheduling.capacity import Capacity
 from scheduling.cluster import GPU_GROUP, NODE
 from scheduling.decisions import Reservation
 from scheduling.jobs import Job
-from scheduling.placement import max_level
-
-
-def _slots_when_empty(cap: Capacity, node: int, job: Job) -> int:
-    n = cap.cluster.nodes[node]
-    g = max(job.whole_gpus, 1)
-    s = n.gpus // g
-    if job.cpu:
-        s = min(s, n.cpu // job.cpu)
-    if job.mem:
-        s = min(s, n.mem // job.mem)
-    return s
+from scheduling.placement import max_level, replica_slots
 
 
 def _drain_set(
@@ -39,7 +28,8 @@ def _drain_set(
     picked: list[int] = []
     slots = busy = 0
     for i in sorted(nodes, key=lambda i: (used[i], i)):
-        s = _slots_when_empty(cap, i, job)
+        n = cl.nodes[i]
+        s = replica_slots(job, n.gpus, n.cpu, n.mem)  # when the node is empty
         if s == 0:
             continue
         picked.append(i)

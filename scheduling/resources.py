@@ -7,6 +7,7 @@ the over-allocation invariants depend on.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GPU_UNIT = 1000
@@ -70,6 +71,35 @@ class Resources:
 
 def _unit(value: int, unit: int) -> float:
     return float("inf") if value >= UNLIMITED // 2 else value / unit
+
+
+def gpu_request_problem(gpus: float) -> str | None:
+    """None when `gpus` is a valid request per replica, else what is wrong and the fix.
+
+    Valid: a whole number of GPUs (exclusive), or a share of one GPU in thousandths (0.001 to
+    0.999, packed with other shares). The one rule for the job spec, traces and admission.
+    """
+    if not gpus > 0:  # NaN included
+        return (
+            f"must be more than 0, got {gpus:g}; "
+            "ask for a share of one GPU (e.g. 0.25) or whole GPUs"
+        )
+    if gpus < 1:
+        milli = gpus * GPU_UNIT
+        if round(milli) < 1 or abs(milli - round(milli)) > 1e-6:
+            return (
+                "a share of one GPU must be from 0.001 to 0.999 in steps of 0.001, "
+                f"got {gpus:g}; e.g. 0.25"
+            )
+        return None
+    if not math.isfinite(gpus):
+        return f"must be a whole number >= 1 or a fraction below 1 (e.g. 0.25), got {gpus:g}"
+    if not float(gpus).is_integer():
+        return (
+            f"must be a whole number >= 1 or a fraction below 1 (e.g. 0.25), got {gpus:g}; "
+            f"ask for {math.floor(gpus)} or {math.ceil(gpus)}"
+        )
+    return None
 
 
 def fmt_gpus(milli: int) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import pickle
-from typing import Any, get_args
+from typing import Any
 
 import pytest
 from builders import cluster, teams
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from berth.spec import JobSpec, SpecError, SpecProblem, check_spec, parse_spec
-from berth.spec_fields import RESERVED_ENV, Topology
+from berth.spec_fields import RESERVED_ENV
 from scheduling.admission import check_job
 from scheduling.cluster import TOPOLOGY_CHOICES
 from scheduling.jobs import Job
@@ -130,10 +130,6 @@ def test_spec_is_frozen():
     with pytest.raises(ValidationError):
         s.replicas = 2  # type: ignore[misc]
     assert isinstance(s.command, tuple)
-
-
-def test_topology_choices_match_the_engine():
-    assert get_args(Topology) == TOPOLOGY_CHOICES
 
 
 def test_backoff_doubles_from_the_first_retry_and_is_capped():

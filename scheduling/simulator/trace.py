@@ -22,10 +22,12 @@ from pydantic import ValidationError
 from pydantic_core import SchemaValidator
 from pydantic_core import core_schema as cs
 
+from scheduling.cluster import TOPOLOGY_CHOICES
+from scheduling.resources import gpu_request_problem
+
 __all__ = [
     "OPTIONAL_COLUMNS",
     "REQUIRED_COLUMNS",
-    "TOPOLOGIES",
     "TraceFormatError",
     "TraceJob",
     "TraceProblem",
@@ -47,7 +49,6 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
     "cpus_per_replica",
     "memory_gb_per_replica",
 )
-TOPOLOGIES: tuple[str, ...] = ("any", "gpu_group", "node", "rack", "block")
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 _MAX_LISTED = 50
 
@@ -113,14 +114,9 @@ def _to_topology(value: Any) -> Any:
 
 
 def _check_gpus(value: float) -> float:
-    if value >= 1:
-        if not value.is_integer():
-            raise ValueError(
-                "must be a whole number of GPUs (>= 1) or a fraction below 1 for a shared GPU,"
-                f" got {_fmt(value)}"
-            )
-    elif abs(value * 1000 - round(value * 1000)) > 1e-6:
-        raise ValueError(f"a shared-GPU fraction may have at most 3 decimals, got {_fmt(value)}")
+    problem = gpu_request_problem(value)
+    if problem:
+        raise ValueError(problem)
     return value
 
 
@@ -151,7 +147,9 @@ def _row_validator() -> SchemaValidator:
         field("priority", cs.int_schema(), 0),
         field(
             "topology",
-            cs.no_info_before_validator_function(_to_topology, cs.literal_schema(list(TOPOLOGIES))),
+            cs.no_info_before_validator_function(
+                _to_topology, cs.literal_schema(list(TOPOLOGY_CHOICES))
+            ),
             "any",
         ),
         field(
@@ -320,7 +318,7 @@ def _message(err: Any, cell: str) -> str:
     if kind == "finite_number":
         return f"must be a finite number, got {got}"
     if kind == "literal_error":
-        return f"must be one of {', '.join(TOPOLOGIES)}; got {got}"
+        return f"must be one of {', '.join(TOPOLOGY_CHOICES)}; got {got}"
     if kind == "value_error":
         return str(ctx.get("error", err["msg"]))
     return f"{err['msg']}, got {got}"
