@@ -12,12 +12,9 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from shared_data import philly_dir
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-PHILLY_DIRS = (
-    BENCH.parent.parent / "shared" / "traces" / "philly",  # CI: ../shared next to the repo
-    Path("/work/shared/traces/philly"),
-)
 
 
 def load(name: str) -> ModuleType:
@@ -85,9 +82,7 @@ def test_cycle_bench_rejects_an_unknown_policy(tmp_path: Path) -> None:
 
 
 def test_philly_bench_first_300_jobs(tmp_path: Path) -> None:
-    trace_dir = next((d for d in PHILLY_DIRS if (d / "philly.csv").is_file()), None)
-    if trace_dir is None:
-        pytest.skip("the Philly trace is not here (../shared/traces/philly)")
+    trace_dir = philly_dir()
     out = tmp_path / "philly.json"
     report = load("philly_bench").main(
         ["--trace-dir", str(trace_dir), "--jobs", "300", "--runs", "1", "--out", str(out)],

@@ -8,6 +8,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from shared_data import philly_dir
 
 from scheduling.simulator.philly import (
     PhillyFormatError,
@@ -18,7 +19,6 @@ from scheduling.simulator.philly import (
 )
 from scheduling.simulator.trace import TraceJob, load_trace
 
-PHILLY = Path("/work/shared/traces/philly/philly.csv")
 HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
 
 
@@ -231,9 +231,8 @@ def test_largest_remainder_properties(weights: list[float], total: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not PHILLY.exists(), reason="Philly trace not available")
 def test_full_philly_trace(tmp_path: Path) -> None:
-    result = import_philly(PHILLY.parent, 1024, tmp_path, show_progress=False)
+    result = import_philly(philly_dir(), 1024, tmp_path, show_progress=False)
     jobs = load_trace(result.jobs_path)
     assert (result.jobs, result.teams, result.gangs, result.clamped_durations) == (
         82_247,
