@@ -29,7 +29,7 @@ from berth.spec import JobSpec
 from berth.store import JobStatus, Store
 
 if TYPE_CHECKING:
-    from berth.tracking import AttemptRun
+    from berth.tracking import AttemptRun, JobTracker
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +83,7 @@ def open_attempt(
     from berth.tracking import TrackingError
 
     try:
-        run = tracker.open_attempt(
-            job_id=status.id,
-            job_name=spec.name,
-            experiment=spec.experiment or task.dag_id,
-            attempt=attempt,
-            params=_params(spec, status, attempt),
-            tags=_tags(task, status),
-        )
+        run = _attempt_run(tracker, task, spec, status, attempt)
     except TrackingError as e:
         log.warning("attempt %d runs untracked: %s", attempt, e)
         return None, {}
@@ -125,14 +118,7 @@ def close_attempt(
 
     status = store.status(job_id)
     try:
-        run = tracker.open_attempt(  # finds the runs again (by tags): one source of truth
-            job_id=job_id,
-            job_name=spec.name,
-            experiment=spec.experiment or task.dag_id,
-            attempt=attempt,
-            params=_params(spec, status, attempt),
-            tags=_tags(task, status),
-        )
+        run = _attempt_run(tracker, task, spec, status, attempt)  # the one opened at launch
     except TrackingError as e:
         log.warning("attempt %d: its MLflow run cannot be found now: %s", attempt, e)
         return
@@ -177,6 +163,21 @@ def attempt_metrics(store: Store, job_id: str, attempt: int) -> dict[str, float]
     if started_at is not None and ended_at is not None:
         out["run_s"] = ended_at - started_at
     return out
+
+
+def _attempt_run(
+    tracker: JobTracker, task: TaskRef, spec: JobSpec, status: JobStatus, attempt: int
+) -> AttemptRun:
+    """The attempt's run: opened before the launch, found again (by its tags) to close it, so
+    MLflow stays the one record of it. Raises TrackingError."""
+    return tracker.open_attempt(
+        job_id=status.id,
+        job_name=spec.name,
+        experiment=spec.experiment or task.dag_id,
+        attempt=attempt,
+        params=_params(spec, status, attempt),
+        tags=_tags(task, status),
+    )
 
 
 def _params(spec: JobSpec, status: JobStatus, attempt: int) -> dict[str, Any]:

@@ -21,15 +21,16 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import requests
+from ports import free_port
+from waiting import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 AIRFLOW = Path(sys.executable).parent / "airflow"
@@ -37,25 +38,6 @@ COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 # What /api/v2/monitor/health calls each component.
 HEALTH_KEYS = {"scheduler": "scheduler", "dag-processor": "dag_processor", "triggerer": "triggerer"}
 USER = "admin"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 1.0) -> Any:
-    """Call `check` until it returns something truthy (returned) or `timeout_s` passes
-    (AssertionError naming `what`). The pause between calls only paces the polling."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what}: not within {timeout_s:g} s")
-        time.sleep(every_s)
 
 
 class AirflowAPI:
@@ -217,8 +199,8 @@ class AirflowDeployment:
         proc = self.procs[component]
         _signal_group(proc.pid, signal.SIGKILL)
         proc.wait(timeout=timeout_s)
-        wait_until(
-            f"{component}'s processes gone", lambda: not _group_alive(proc.pid), timeout_s, 0.2
+        wait_for(
+            lambda: not _group_alive(proc.pid), f"{component}'s processes gone", timeout_s, 0.2
         )
 
     def stop(self) -> None:
@@ -262,10 +244,8 @@ class AirflowDeployment:
             keys = [HEALTH_KEYS[c] for c in components if c in HEALTH_KEYS]
             return all((health.get(k) or {}).get("status") == "healthy" for k in keys)
 
-        try:
-            wait_until(f"Airflow components {components} healthy", check, timeout_s)
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{self.log_tails()}") from None
+        what = f"Airflow components {components} healthy"
+        wait_for(check, what, timeout_s, every=1.0, detail=self.log_tails)
 
     def assert_alive(self, components: tuple[str, ...] = COMPONENTS) -> None:
         for c in components:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubeapi import create_once
 from kubernetes import client
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -73,11 +74,7 @@ def ensure_device_class(admin: client.ApiClient, name: str = GPU_DRIVER) -> None
             ],
         },
     }
-    try:
-        client.ResourceV1Api(admin).create_device_class(body)
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
+    create_once(client.ResourceV1Api(admin).create_device_class, body)
 
 
 class ClaimControllerStandin:

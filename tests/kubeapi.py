@@ -28,13 +28,11 @@ import itertools
 import os
 import secrets
 import shutil
-import socket
 import ssl
 import subprocess
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +45,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from kubernetes import client
+from ports import free_port
+from waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = REPO / "tools" / "kube"
@@ -83,10 +83,14 @@ def unavailable(why: str) -> None:
     pytest.skip(f"no Kubernetes API server: {why}; run scripts/build-kube.sh")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def create_once(create: Callable[..., Any], *args: Any) -> None:
+    """`create(*args)` for a cluster-wide object the session's tests share (a DeviceClass, a
+    PriorityClass): the first test creates it, a later one meets 409 (it exists), which is fine."""
+    try:
+        create(*args)
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
 
 
 @dataclass
@@ -269,30 +273,28 @@ class _Process:
 
 
 def _wait_until_ok(
-    proc: _Process,
-    url: str,
-    deadline: float,
-    context: ssl.SSLContext | None = None,
-    token: str = "",
+    proc: _Process, url: str, context: ssl.SSLContext | None = None, token: str = ""
 ) -> None:
-    """Poll `url` until it answers 200, the process dies, or the deadline passes."""
+    """Poll `url` until it answers 200; fail at once if the process dies, and with the last
+    error and the process's log if it is not ready within START_DEADLINE_S."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     last = "no answer yet"
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
+        nonlocal last
         proc.check_alive()
         try:
             req = urllib.request.Request(url, headers=headers)
             with urllib.request.urlopen(req, timeout=5, context=context) as resp:
-                if resp.status == 200:
-                    return
+                return resp.status == 200
         except urllib.error.HTTPError as e:
             last = f"HTTP {e.code}: {e.read()[:500].decode(errors='replace')}"
         except OSError as e:
             last = repr(e)
-        time.sleep(0.25)  # polling a real process that is starting
-    pytest.fail(
-        f"{proc.name} not ready at {url} in {START_DEADLINE_S:.0f} s ({last}):\n{proc.tail()}"
-    )
+        return False
+
+    what = f"{proc.name} ready at {url}"  # polled every 0.25 s: a real process that is starting
+    wait_for(ready, what, START_DEADLINE_S, 0.25, detail=lambda: f"{last}\n{proc.tail()}")
 
 
 def _start_etcd(etcd: str, workdir: Path) -> tuple[_Process, str]:
@@ -305,7 +307,7 @@ def _start_etcd(etcd: str, workdir: Path) -> tuple[_Process, str]:
         f"--initial-cluster=berth-test={peer_url}", "--logger=zap", "--log-level=warn",
     ]  # fmt: skip
     proc = _Process("etcd", argv, workdir / "etcd.log")
-    _wait_until_ok(proc, f"{client_url}/health", time.monotonic() + START_DEADLINE_S)
+    _wait_until_ok(proc, f"{client_url}/health")
     return proc, client_url
 
 
@@ -355,8 +357,7 @@ def run_kube_api(workdir: Path, extra_args: Sequence[str] = ()) -> Iterator[Kube
         processes.append(server)
         host = f"https://127.0.0.1:{port}"
         context = ssl.create_default_context(cafile=str(creds["ca"]))
-        deadline = time.monotonic() + START_DEADLINE_S
-        _wait_until_ok(server, f"{host}/readyz", deadline, context, str(creds["admin_token"]))
+        _wait_until_ok(server, f"{host}/readyz", context, str(creds["admin_token"]))
         api = KubeAPI(
             host=host,
             ca_file=Path(creds["ca"]),

@@ -70,6 +70,32 @@ def make_node(
     return set_node_status(api, name, ready=ready, capacity=resources, allocatable=resources)
 
 
+def bound_pod(
+    name: str,
+    node: str,
+    limits: Mapping[str, str],
+    *,
+    requests: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> client.V1Pod:
+    """A pod of one container, bound to `node` (`spec.nodeName`: no scheduler needed) and never
+    restarted: for the stand-in to move through its phases, or the inventory to count."""
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
+        spec=client.V1PodSpec(
+            node_name=node,
+            restart_policy="Never",
+            containers=[
+                client.V1Container(
+                    name="main",
+                    image="berth/none:0",  # never pulled: nothing runs
+                    resources=client.V1ResourceRequirements(limits=limits, requests=requests),
+                )
+            ],
+        ),
+    )
+
+
 def set_node_status(
     api: client.CoreV1Api,
     name: str,

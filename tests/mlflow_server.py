@@ -9,20 +9,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+from ports import free_port
+from waiting import wait_for
+
 MLFLOW = Path(sys.executable).with_name("mlflow")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MlflowServer:
@@ -66,18 +62,22 @@ class MlflowServer:
             env=self.env,
             start_new_session=True,  # stop() takes the workers down with it
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        proc = self.proc
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
                 raise RuntimeError(f"mlflow server exited; see {self.root / 'server.log'}")
             try:
                 with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
+                    return r.status == 200
             except OSError:
-                time.sleep(0.2)  # polling a starting server, with a deadline
-        self.stop()
-        raise RuntimeError(f"mlflow server not up within {timeout_s} s")
+                return False
+
+        try:  # polled every 0.2 s: a starting server
+            wait_for(healthy, f"the MLflow server at {self.uri}", timeout_s, 0.2)
+        except pytest.fail.Exception:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc is None:

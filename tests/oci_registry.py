@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from kubeapi import free_port
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = REPO / "tools" / "registry"

@@ -15,7 +15,6 @@ import glob
 import itertools
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from ports import free_port
 from sqlalchemy.engine import URL, make_url
 
 
@@ -75,12 +75,6 @@ def _version(path: str) -> int:
     return int(part) if part.isdigit() else 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _unavailable(why: str) -> None:
     if os.environ.get("BERTH_REQUIRE_POSTGRES") == "1":
         pytest.fail(f"PostgreSQL is required (BERTH_REQUIRE_POSTGRES=1) but {why}")
@@ -109,7 +103,7 @@ def postgres() -> Iterator[PostgresServer]:
         prefix = [runuser, "-u", "postgres", "--"]
         shutil.chown(base, "postgres", "postgres")
     data, log = base / "data", base / "server.log"
-    port = _free_port()
+    port = free_port()
     try:
         subprocess.run(
             [*prefix, initdb, "-D", str(data), "-U", "berth", "--auth=trust", "-E", "UTF8",

@@ -13,9 +13,7 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +24,8 @@ from dag_runs import airflow_env as airflow_env_for
 from dag_runs import run_dag as run_dag_test
 from mlflow.tracking import MlflowClient
 from mlflow_server import MlflowServer
+from ports import free_port
+from waiting import wait_for
 
 from berth.store import Store
 from scheduling.config import load_cluster, load_teams
@@ -228,16 +228,10 @@ def test_a_run_task_on_its_own_stages_before_queueing_and_fails_on_a_missing_inp
         assert [j for j in store.jobs() if j.name == "bare"] == []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_sync_pools_against_a_real_api_server(airflow_env: dict[str, str], tmp_path: Path) -> None:
     from berth.pools import sync_pools
 
-    port = _free_port()
+    port = free_port()
     passwords = tmp_path / "passwords.json"
     passwords.write_text(json.dumps({"admin": "test-password"}))
     env = {
@@ -254,18 +248,16 @@ def test_sync_pools_against_a_real_api_server(airflow_env: dict[str, str], tmp_p
         start_new_session=True,  # its workers in one group, stopped together below
     )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, (tmp_path / "api.log").read_text()[-3000:]
-            try:
-                if requests.get(f"{url}/api/v2/monitor/health", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, "api-server did not come up in 120 s"
-            time.sleep(0.5)  # waiting on the server's start, with the deadline above
 
+    def up() -> bool:
+        assert server.poll() is None, (tmp_path / "api.log").read_text()[-3000:]
+        try:
+            return requests.get(f"{url}/api/v2/monitor/health", timeout=2).ok
+        except requests.ConnectionError:
+            return False
+
+    try:
+        wait_for(up, "the api-server to come up", 120, 0.5)
         assert sync_pools(url, "admin", "test-password", TEAMS, CLUSTER) == {
             "berth-language": "created",
             "berth-research": "created",

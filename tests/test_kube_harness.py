@@ -6,48 +6,15 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 from kubeapi import REPO, KubeAPI, kube_api, kube_apiserver_path, kube_version, unavailable  # noqa: F401 (the session fixture)
-from kubelet_standin import KubeletStandin, cordon, make_node, set_node_status
+from kubelet_standin import KubeletStandin, bound_pod, cordon, make_node, set_node_status
 from kubernetes import client, config
+from waiting import wait_for
 
 GPU = "nvidia.com/gpu"
-T = TypeVar("T")
-
-
-def _pod(
-    name: str, node: str, *, gpus: int = 1, labels: dict[str, str] | None = None
-) -> client.V1Pod:
-    return client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name, labels=labels),
-        spec=client.V1PodSpec(
-            node_name=node,
-            restart_policy="Never",
-            containers=[
-                client.V1Container(
-                    name="main",
-                    image="berth/none:0",
-                    resources=client.V1ResourceRequirements(limits={GPU: str(gpus)}),
-                )
-            ],
-        ),
-    )
-
-
-def _wait_for(check: Callable[[], T | None], what: str, deadline_s: float = 30.0) -> T:
-    """Poll a condition on the real server with a deadline."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    pytest.fail(f"timed out after {deadline_s} s waiting for {what}")
 
 
 # --- the cache path and the skip/fail rule (no server needed) --------------------------------
@@ -206,8 +173,8 @@ def test_standin_moves_pods_through_their_phases(kube: KubeAPI) -> None:
     make_node(core, elsewhere)
     kubelet = KubeletStandin(core, [mine])
     for pod in ("ok", "bad", "stopped"):
-        core.create_namespaced_pod(ns, _pod(pod, mine))
-    core.create_namespaced_pod(ns, _pod("foreign", elsewhere))
+        core.create_namespaced_pod(ns, bound_pod(pod, mine, {GPU: "1"}))
+    core.create_namespaced_pod(ns, bound_pod("foreign", elsewhere, {GPU: "1"}))
 
     assert kubelet.sync() == 3
     for pod in ("ok", "bad", "stopped"):
@@ -245,10 +212,10 @@ def test_standin_in_the_background_follows_an_outcome(kube: KubeAPI) -> None:
     kubelet = KubeletStandin(core, [node], outcome=lambda pod: codes.get(pod.metadata.name))
     with kubelet.running(interval_s=0.1):
         for name in ("a", "b", "c"):
-            core.create_namespaced_pod(ns, _pod(name, node))
+            core.create_namespaced_pod(ns, bound_pod(name, node, {GPU: "1"}))
 
         def phases() -> dict[str, str] | None:
             got = {p.metadata.name: p.status.phase for p in core.list_namespaced_pod(ns).items}
             return got if got == {"a": "Succeeded", "b": "Failed", "c": "Running"} else None
 
-        _wait_for(phases, "a Succeeded, b Failed, c Running")
+        wait_for(phases, "a Succeeded, b Failed, c Running", 30.0, 0.1)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
-from kubelet_standin import KubeletStandin, make_node
+from kubelet_standin import KubeletStandin, bound_pod, make_node
 from kubernetes import client
 from pydantic import ValidationError
 
@@ -195,22 +195,9 @@ def _pod(
     name: str, node: str, gpus: int, *, berth: bool = False, limits_only: bool = True
 ) -> client.V1Pod:
     resources = {GPU: str(gpus), "cpu": "1", "memory": "2Gi"}
-    return client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name, labels={MANAGED_BY: BERTH} if berth else None),
-        spec=client.V1PodSpec(
-            node_name=node,
-            restart_policy="Never",
-            containers=[
-                client.V1Container(
-                    name="main",
-                    image="x",
-                    resources=client.V1ResourceRequirements(
-                        limits=resources, requests=None if limits_only else resources
-                    ),
-                )
-            ],
-        ),
-    )
+    labels = {MANAGED_BY: BERTH} if berth else None
+    requests = None if limits_only else resources
+    return bound_pod(name, node, resources, requests=requests, labels=labels)
 
 
 class Scenario:

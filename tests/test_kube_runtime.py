@@ -19,7 +19,7 @@ import urllib3
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
+from kubeapi import KubeAPI, create_once, kube_api  # noqa: F401 (the session fixture)
 from kubelet_standin import MERGE_PATCH, KubeletStandin, make_node
 from kubernetes import client
 
@@ -45,11 +45,7 @@ GPU = "nvidia.com/gpu"
 def ensure_priority_class(core_client: client.ApiClient) -> None:
     """The PriorityClass that docker/rbac/berth-runtime.yaml ships (cluster-wide, shared)."""
     doc = next(d for d in yaml.safe_load_all(RBAC_YAML.read_text()) if d["kind"] == "PriorityClass")
-    try:
-        client.SchedulingV1Api(core_client).create_priority_class(doc)
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
+    create_once(client.SchedulingV1Api(core_client).create_priority_class, doc)
 
 
 class Clock:

@@ -35,8 +35,9 @@ from typing import Any
 
 import psutil
 import pytest
-from airflow_server import USER, AirflowDeployment, wait_until
+from airflow_server import USER, AirflowDeployment
 from store_workload import audit
+from waiting import wait_for
 
 from berth.pools import sync_pools
 from berth.runtime import LocalRuntime
@@ -183,7 +184,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         store = Store(f"sqlite:///{berth_home / 'berth.db'}", CLUSTER, TEAMS)
         sync_pools(airflow.url, USER, airflow.password, TEAMS, CLUSTER)
         for dag_id in ("t_teams", "t_admission", "berth_job"):
-            wait_until(f"DAG {dag_id} parsed", lambda d=dag_id: airflow.api.dag_known(d), 300)
+            wait_for(lambda d=dag_id: airflow.api.dag_known(d), f"DAG {dag_id} parsed", 300, 1.0)
         yield Platform(airflow, store, berth_home)
     finally:
         airflow.stop()
@@ -306,18 +307,18 @@ def test_a_killed_replica_fails_the_gang_and_the_retry_succeeds(
         jobs = _jobs_of(store, run_id)
         return jobs[0] if jobs and jobs[0].state == "running" else None
 
-    job = wait_until("the job's first attempt running", running, RUN_DEADLINE_S)
+    job = wait_for(running, "the job's first attempt running", RUN_DEADLINE_S, 1.0)
     assert job.attempt == 1
     # The replica processes, from the local runtime's manifest: rank 1's wrapper, and under it
     # the training process, which dies as a crashed replica would.
-    launch = wait_until(
-        "rank 1's pid in the manifest",
+    launch = wait_for(
         lambda: _with_all_pids(platform.runtime.reattach(job.id, 1)),
+        "rank 1's pid in the manifest",
         60,
         0.2,
     )
     wrapper = psutil.Process(launch.replicas[1].pid)
-    victim = wait_until("rank 1's training process", lambda: wrapper.children(), 60, 0.2)[0]
+    victim = wait_for(lambda: wrapper.children(), "rank 1's training process", 60, 0.2)[0]
     os.kill(victim.pid, signal.SIGKILL)
 
     state = _wait_for_run(af, "berth_job", run_id)
@@ -365,7 +366,7 @@ def test_a_killed_triggerer_leaks_no_gpu_and_allocates_none_twice(
         holding = [j for j in jobs if j.state in ("admitted", "running")]
         return bool(queued and holding)
 
-    wait_until("jobs waiting for admission while others run", waiting_in_admission, 600, 0.5)
+    wait_for(waiting_in_admission, "jobs waiting for admission while others run", 600, 0.5)
     killed_at = time.time()
     af.kill("triggerer")
     af.start("triggerer")
@@ -412,11 +413,14 @@ def _wait_for_run(
         state = af.api.run_state(dag_id, run_id)
         return state if state in ("success", "failed") else None
 
+    def report() -> str:
+        return _failure_report(af, af.api.task_instances(dag_id, run_id))
+
+    what = f"DAG run {dag_id}/{run_id} finished"
     try:
-        return str(wait_until(f"DAG run {dag_id}/{run_id} finished", done, timeout_s))
-    except AssertionError as e:
-        tis = af.api.task_instances(dag_id, run_id)
-        raise AssertionError(f"{e}\n{_failure_report(af, tis)}") from None
+        return str(wait_for(done, what, timeout_s, every=1.0, detail=report))
+    except AssertionError as e:  # a component died, or the API refused a call
+        raise AssertionError(f"{e}\n{report()}") from None
 
 
 def _fail_on_pool_deadlock(

@@ -10,13 +10,14 @@ store; the store and its SQLite database are real.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
 from builders import cluster, teams
 from store_workload import audit
+from test_store import spec as store_spec
 
-from berth.spec import parse_spec
 from berth.store import ClusterView, Store, StoreError
 from scheduling.cluster import Cluster
 from scheduling.policy import BERTH
@@ -35,19 +36,8 @@ def only(full: Cluster, *names: str) -> Cluster:
     return Cluster(full.name, full.levels, nodes, full.slowdown)
 
 
-def spec(name: str, team: str = "a", gpus: int = 1, replicas: int = 1):
-    return parse_spec(
-        {
-            "name": name,
-            "team": team,
-            "image": "ghcr.io/org/train:1",
-            "command": ["python", "train.py"],
-            "gpus_per_replica": gpus,
-            "replicas": replicas,
-            "cpus_per_replica": 1,
-            "memory_gb_per_replica": 1,
-        }
-    )
+# test_store's job spec, with one CPU and 1 GiB per replica.
+spec = partial(store_spec, cpus_per_replica=1, memory_gb_per_replica=1)
 
 
 class Source:

@@ -9,12 +9,21 @@ from typing import Any
 import pytest
 
 
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = 30.0, every: float = 0.05) -> Any:
+def wait_for(
+    cond: Callable[[], Any],
+    what: str,
+    timeout: float = 30.0,
+    every: float = 0.05,
+    *,
+    detail: Callable[[], str] | None = None,
+) -> Any:
     """Call `cond` until it returns something truthy, and return that; fail the test naming
-    `what` after `timeout` seconds. `every` only paces the polling."""
+    `what` after `timeout` seconds, with `detail()` (e.g. the last error seen, a log's tail)
+    when given. `every` only paces the polling."""
     deadline = time.monotonic() + timeout
     while not (value := cond()):
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+            more = f"\n{detail()}" if detail is not None else ""
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}{more}")
         time.sleep(every)
     return value

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol, Self
+from typing import Any, Literal, Protocol, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -107,6 +107,27 @@ class GangStatus(_Frozen):
     reason: FailureReason | None = None
     log_tail: tuple[str, ...] = ()
     message: str = ""
+
+
+H = TypeVar("H", bound=ReplicaHandle)
+
+
+def replica_handles(
+    handle: type[H], placement: Placement, cluster: Cluster, **per_rank: Callable[[int], Any]
+) -> tuple[H, ...]:
+    """One `handle` per replica of `placement`, rank i for replica i, so that every runtime
+    ranks a gang alike; `per_rank` gives the runtime's own fields (name -> f(rank))."""
+    return tuple(
+        handle(
+            rank=rank,
+            node=rp.node,
+            node_name=cluster.nodes[rp.node].name,
+            gpus=rp.gpus,
+            share=rp.share,
+            **{name: f(rank) for name, f in per_rank.items()},
+        )
+        for rank, rp in enumerate(placement.replicas)
+    )
 
 
 class LogCursor(_Frozen):

@@ -40,6 +40,7 @@ from berth.runtime.base import (
     check_launch,
     first_failure,
     replica_env,
+    replica_handles,
 )
 from berth.runtime.base import Launch as _Launch
 from scheduling.cluster import Cluster
@@ -120,16 +121,11 @@ class LocalRuntime:
             ) from None
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        replicas = tuple(
-            LocalReplica(
-                rank=rank,
-                node=rp.node,
-                node_name=cluster.nodes[rp.node].name,
-                gpus=rp.gpus,
-                share=rp.share,
-                log=str(shim.log_file(attempt_dir, rank)),
-            )
-            for rank, rp in enumerate(placement.replicas)
+        replicas = replica_handles(
+            LocalReplica,
+            placement,
+            cluster,
+            log=lambda rank: str(shim.log_file(attempt_dir, rank)),
         )
         launch = LocalLaunch(
             job_id=job_id,

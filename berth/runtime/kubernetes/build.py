@@ -39,6 +39,7 @@ from berth.runtime.kubernetes import build_manifests as manifests
 from berth.runtime.kubernetes.build_manifests import BuildRequest
 from berth.runtime.kubernetes.images import BuildContext, ImageBuildSettings, tag_for
 from berth.runtime.kubernetes.pods import KubeSettings, namespace_for
+from berth.runtime.kubernetes.reads import read_or_none
 from berth.runtime.kubernetes.registry import RegistryClient, credentials_for
 from berth.runtime.kubernetes.status import CONFIG_ERRORS, IMAGE_ERRORS, api_problem
 
@@ -318,23 +319,15 @@ class ImageBuilder:
     # ---- helpers ---------------------------------------------------------------------------
 
     def _read(self, req: BuildRequest) -> Any | None:
-        try:
-            return self.core.read_namespaced_pod(req.name, req.namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return read_or_none(self.core.read_namespaced_pod, req.name, req.namespace)
 
     def _delete(self, namespace: str, name: str, uid: str) -> None:
         """Delete the builder pod with this uid (not a newer one of the same name) and its
         ConfigMap, if that is still the one this pod owns."""
         manifests.delete_exact(self.core.delete_namespaced_pod, name, namespace, uid)
-        try:
-            cm = self.core.read_namespaced_config_map(name, namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return
-            raise
+        cm = read_or_none(self.core.read_namespaced_config_map, name, namespace)
+        if cm is None:
+            return
         if any(o.uid == uid for o in cm.metadata.owner_references or ()):
             manifests.delete_exact(
                 self.core.delete_namespaced_config_map, name, namespace, cm.metadata.uid

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from berth.runtime.base import Launch, ReplicaHandle, replica_env
+from berth.runtime.base import Launch, ReplicaHandle, replica_env, replica_handles
 from berth.runtime.kubernetes.dra import DraSettings, pod_fields
 from berth.runtime.kubernetes.inventory import BERTH, MANAGED_BY
 from berth.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, Toleration
@@ -123,16 +123,8 @@ def new_launch(
 ) -> KubeLaunch:
     """The launch record of an attempt: rank i is replica i of the placement."""
     service = attempt_name(job_id, attempt)
-    replicas = tuple(
-        KubeReplica(
-            rank=rank,
-            node=rp.node,
-            node_name=cluster.nodes[rp.node].name,
-            gpus=rp.gpus,
-            share=rp.share,
-            pod=f"{service}-{rank}",
-        )
-        for rank, rp in enumerate(placement.replicas)
+    replicas = replica_handles(
+        KubeReplica, placement, cluster, pod=lambda rank: f"{service}-{rank}"
     )
     return KubeLaunch(
         job_id=job_id, attempt=attempt, launched_at=launched_at, time_limit_s=time_limit_s,

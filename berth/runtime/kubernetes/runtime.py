@@ -36,6 +36,7 @@ from berth.runtime.kubernetes.inventory import BERTH, MANAGED_BY
 from berth.runtime.kubernetes.pod_logs import LogsUnavailable as LogsUnavailable
 from berth.runtime.kubernetes.pod_logs import rank0_lines
 from berth.runtime.kubernetes.pods import FAILURE, JOB_ID, LAUNCH, STOPPED, KubeLaunch
+from berth.runtime.kubernetes.reads import read_or_none
 from berth.runtime.kubernetes.staging import Stager
 from berth.runtime.kubernetes.status import KubeGangStatus, api_problem, failure_record
 from berth.runtime.kubernetes.volumes import replica_input_env
@@ -267,15 +268,11 @@ class KubernetesRuntime:
                 label_selector=manifests.selector(job_id, attempt)
             )
             namespaces = sorted({p.metadata.namespace for p in found.items})
+        service = manifests.attempt_name(job_id, attempt)
         for namespace in namespaces:
-            try:
-                owner = self.core.read_namespaced_service(
-                    manifests.attempt_name(job_id, attempt), namespace
-                )
-            except ApiException as e:
-                if e.status == 404:
-                    continue
-                raise
+            owner = read_or_none(self.core.read_namespaced_service, service, namespace)
+            if owner is None:
+                continue
             notes = owner.metadata.annotations or {}
             if notes.get(JOB_ID) == job_id and LAUNCH in notes:
                 return KubeLaunch.from_dict(json.loads(notes[LAUNCH]))
@@ -332,12 +329,7 @@ class KubernetesRuntime:
     # ---- helpers ------------------------------------------------------------------------
 
     def _service(self, launch: KubeLaunch) -> Any | None:
-        try:
-            return self.core.read_namespaced_service(launch.service, launch.namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return read_or_none(self.core.read_namespaced_service, launch.service, launch.namespace)
 
     def _pods(self, launch: KubeLaunch) -> dict[int, Any]:
         """This attempt's pods by rank (those of a same-named attempt of another id excluded)."""
