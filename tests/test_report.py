@@ -58,9 +58,12 @@ def test_write_report_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     assert "| Fragmentation (0-1) | 0.3333 |" in md
     assert "| Small jobs (<= 8 GPUs) placed on one node (0-1) | 1.0 |" in md
     assert "| Jain fairness over teams (0-1) | 1.0 |" in md
-    # team rows: nominal, jobs, finished, rejected, JCT, queue, p99 queue, GPU-h, avg, share
-    assert "| vision | 4.0 | 1 | 1 | 0 | 100.0 | 0.0 | 0.0 | 0.1111 | 4.0 | 1.0 | 0 |" in md
-    assert "| speech | 4.0 | 1 | 1 | 0 | 50.0 | 0.0 | 0.0 | 0.0278 | 1.0 | 0.25 | 0 |" in md
+    assert "| Goodput, work that counted toward finishing (0-1) | 0.625 |" in md
+    # team rows: nominal, jobs, finished, rejected, JCT, first wait avg/p99, total wait avg/p99,
+    # GPU-h, avg GPUs, share of nominal, nominal deficit, preempted
+    waits = "0.0 | 0.0 | 0.0 | 0.0"
+    assert f"| vision | 4.0 | 1 | 1 | 0 | 100.0 | {waits} | 0.1111 | 4.0 | 1.0 | 0.0 | 0 |" in md
+    assert f"| speech | 4.0 | 1 | 1 | 0 | 50.0 | {waits} | 0.0278 | 1.0 | 0.25 | 0.0 | 0 |" in md
     for name in ("queue_and_utilization.png", "jct_cdf.png", "team_usage.png"):
         assert f"]({name})" in md
 
@@ -82,18 +85,19 @@ def test_write_comparison_tables_and_ratios(tmp_path: Path) -> None:
     assert table["policies"] == ["fast", "slow"]
     metrics, ratios = table["metrics"], table["ratio_to_baseline"]
     assert metrics["avg_jct_s"] == {"fast": 75.0, "slow": 85.0}
-    assert metrics["avg_queue_s"] == {"fast": 0.0, "slow": 10.0}
+    assert metrics["avg_first_wait_s"] == {"fast": 0.0, "slow": 10.0}
+    assert metrics["avg_total_wait_s"] == {"fast": 0.0, "slow": 10.0}
     # slow: 500 GPU-s over 8 x 120; idle 460 GPU-s, of which 100 on the half-used n2
     assert metrics["gpu_utilization"] == {"fast": 0.625, "slow": round(500 / 960, 4)}
     assert metrics["fragmentation"] == {"fast": 0.3333, "slow": round(100 / 460, 4)}
     assert ratios["avg_jct_s"] == {"slow": round(85 / 75, 3)}
-    assert ratios["avg_queue_s"] == {"slow": None}  # baseline 0: no ratio
+    assert ratios["avg_first_wait_s"] == {"slow": None}  # baseline 0: no ratio
     assert ratios["gpu_utilization"] == {"slow": round(0.5208 / 0.625, 3)}
     assert [s["policy"] for s in table["summaries"]] == ["fast", "slow"]
     md = (tmp_path / "compare.md").read_text()
     assert "| Metric | `fast` | `slow` |" in md
     assert "| Avg JCT (s) | 75.0 | 85.0 [×1.13] |" in md
-    assert "| Avg queue wait (s) | 0.0 | 10.0 |" in md
+    assert "| Avg first wait, submit to first admit (s) | 0.0 | 10.0 |" in md
     assert "| Makespan (s) | 100.0 | 120.0 (2.0 min) [×1.20] |" in md
     assert "![Policy comparison](compare.png)" in md
 

@@ -28,8 +28,10 @@ from scheduling.simulator.report import (
 # (key, title, y label); a None label means seconds, shown in a readable unit.
 BARS: tuple[tuple[str, str, str | None], ...] = (
     ("avg_jct_s", "Avg JCT", None),
-    ("avg_queue_s", "Avg queue wait", None),
+    ("avg_first_wait_s", "Avg first wait", None),
+    ("avg_total_wait_s", "Avg total wait", None),
     ("gpu_utilization", "GPU utilisation (holds included)", "share of GPU-time allocated"),
+    ("goodput", "Goodput", "share of GPU-time doing work that counted"),
     ("fragmentation", "Fragmentation", "share of idle GPU-time on partly used nodes"),
 )
 

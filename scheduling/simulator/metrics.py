@@ -3,11 +3,13 @@
 Everything is derived from the events alone (plus node sizes and team quotas), so a
 report can be rebuilt from a saved ``events.jsonl`` without re-running the simulation.
 One pass over the events; state is O(jobs) plus one sample per distinct event time, and
-the series handed to plots are bucketed down to ``max_points`` time-weighted means.
+the series handed to plots are bucketed down to ``max_points`` time-weighted means. Every
+field is defined in docs/simulator.md.
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
 import json
 import math
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 
 SMALL_JOB_GPUS = 8
+_EPS = 1e-9  # GPUs: running sums of shares drift by float rounding, not by real GPUs
 _KINDS = frozenset({"submit", "admit", "hold", "evict", "finish", "preempt", "reject"})
 
 
@@ -47,8 +50,9 @@ class TeamInfo:
 class Series:
     """Downsampled time series (time-weighted bucket means) and raw latency samples.
 
-    ``t_s`` holds bucket midpoints in seconds since the first event. ``jct_s`` and
-    ``queue_s`` are sorted samples of finished jobs' JCT and admitted jobs' first wait.
+    ``t_s`` holds bucket midpoints in seconds since the first event. ``jct_s``,
+    ``first_wait_s`` and ``total_wait_s`` are sorted samples of finished jobs' JCT, admitted
+    jobs' first wait and finished jobs' total wait.
     """
 
     t_s: np.ndarray
@@ -57,7 +61,8 @@ class Series:
     busy_gpus: np.ndarray
     team_gpus: dict[str, np.ndarray]
     jct_s: np.ndarray
-    queue_s: np.ndarray
+    first_wait_s: np.ndarray
+    total_wait_s: np.ndarray
     total_gpus: int
 
 
@@ -101,7 +106,7 @@ def summarize(
     without a ``submit`` counts as both). Event types not listed in the log format are
     skipped, so the engine can add its own without breaking reports.
     """
-    replay = _Replay(cluster)
+    replay = _Replay(cluster, teams)
     for ev in events:
         replay.feed(ev)
     return replay.result(teams, policy=policy, wall_s=wall_s, max_points=max_points)
@@ -113,29 +118,48 @@ class _Job:
     submit_t: float
     gpus: float
     duration: float
+    replicas: int = 1
     first_admit_t: float = math.nan
     finish_t: float = math.nan
     state: str = "queued"
     alloc: list[tuple[str, list[int]]] = field(default_factory=list)
     amount: float = 0.0
-    kind: str = ""
-    held: bool = False
+    kind: str = ""  # what its allocation is: "admit", "hold", "partial" (a partial gang's hold)
+    partial: bool = False  # some but not all of its replicas were bound at some time
     preempted: int = 0
+    wait_since: float = math.nan  # start of the wait in progress; nan while it runs
+    total_wait: float = 0.0
+    run_t: float = 0.0  # the current attempt: admit time, slowdown, restart seconds
+    run_slowdown: float = 1.0
+    run_restart: float = 0.0
+    need: float = 0.0  # GPUs it still needs, counted in its team's pending work
 
 
 class _Replay:
     """Incremental state of the cluster and jobs; integrals advance between event times."""
 
-    def __init__(self, cluster: ClusterInfo) -> None:
+    def __init__(self, cluster: ClusterInfo, teams: Sequence[TeamInfo]) -> None:
         self.caps = dict(cluster.node_gpus)
         self.total = cluster.total_gpus
         self.refs = {n: [0] * c for n, c in self.caps.items()}
         self.node_used = dict.fromkeys(self.caps, 0)
         self.jobs: dict[str, _Job] = {}
         self.used = self.partial_free = self.queue = 0
-        self.admitted = self.holding = 0.0
+        self.admitted = self.holding = self.partial_holding = 0.0
         self.int_admit = self.int_hold = self.int_free = self.int_partial = 0.0
+        self.int_partial_hold = self.lost_gpu_s = 0.0
         self.preemptions = self.evictions = self.partial_gang = self.rejected = 0
+        # Nominal deficit: per team the GPUs its pending jobs still need, as size -> count
+        # and the sizes in ascending order (few distinct sizes, so the GPUs that fit a gap
+        # are summed without a scan over jobs), the GPUs all teams use above their nominal,
+        # and the deficit rates in force.
+        self.nominal = {t.name: float(t.nominal_gpus) for t in teams}
+        self.pending_need: dict[str, dict[float, int]] = {}
+        self.pending_sizes: dict[str, list[float]] = {}
+        self.borrowed = 0.0
+        self.deficit_rate: dict[str, float] = {}
+        self.int_deficit: dict[str, float] = {}
+        self.deficit_dirty = False
         self.small_admits = self.small_single = 0
         self.slowdowns: list[float] = []
         self.team_alloc: dict[str, float] = {}
@@ -154,8 +178,13 @@ class _Replay:
             dt = t - self.now
             self.int_admit += self.admitted * dt
             self.int_hold += self.holding * dt
+            self.int_partial_hold += self.partial_holding * dt
             self.int_free += (self.total - self.used) * dt
             self.int_partial += self.partial_free * dt
+            if self.deficit_dirty:
+                self._deficit_rates()
+            for team, rate in self.deficit_rate.items():
+                self.int_deficit[team] = self.int_deficit.get(team, 0.0) + rate * dt
             self.now = t
         kind = ev["type"]
         if kind not in _KINDS:
@@ -163,46 +192,135 @@ class _Replay:
         name = ev["job"]
         job = self.jobs.get(name)
         if kind == "submit" or (job is None and kind == "reject"):
-            job = _Job(ev["team"], t, float(ev.get("gpus", 0)), float(ev.get("duration", 0.0)))
+            job = _Job(
+                ev["team"],
+                t,
+                float(ev.get("gpus", 0)),
+                float(ev.get("duration", 0.0)),
+                int(ev.get("replicas", 1)),
+                wait_since=t,
+            )
             self.jobs[name] = job
             self.queue += 1
+            self._set_need(job, job.gpus)
         elif job is None:
             raise ValueError(f"{kind!r} event for job {name!r} that was never submitted")
+        self.deficit_dirty = True
         if kind == "admit":
             self.queue -= job.state == "queued"
             job.state = "admitted"
             if math.isnan(job.first_admit_t):
                 job.first_admit_t = t
+            if not math.isnan(job.wait_since):
+                job.total_wait += t - job.wait_since
+                job.wait_since = math.nan
             n_nodes = self._bind(job, ev["placement"], "admit")
+            self._set_need(job, 0.0)
             if job.gpus <= SMALL_JOB_GPUS:
                 self.small_admits += 1
                 self.small_single += n_nodes == 1
-            if ev.get("slowdown") is not None:
-                self.slowdowns.append(float(ev["slowdown"]))
+            slowdown = ev.get("slowdown")
+            if slowdown is not None:
+                self.slowdowns.append(float(slowdown))
+            job.run_t, job.run_slowdown = t, 1.0 if slowdown is None else float(slowdown)
+            job.run_restart = float(ev.get("restart_s", 0.0))
         elif kind == "hold":
+            self._start_wait(job, t)
             self.queue += job.state == "admitted"
             job.state = "queued"
-            self.partial_gang += not job.held
-            job.held = True
-            self._bind(job, ev["placement"], "hold")
+            bound = len(ev["placement"])
+            partial = 0 < bound < job.replicas
+            if partial and not job.partial:
+                job.partial = True
+                self.partial_gang += 1
+            self._bind(job, ev["placement"], "partial" if partial else "hold")
+            # Rounded so float noise (3 - 0.5 vs 2.5) does not make new size keys.
+            self._set_need(job, round(max(job.gpus - job.amount, 0.0), 6))
         elif kind in ("preempt", "evict"):
+            if kind == "preempt" and job.kind == "admit":
+                ran = t - job.run_t
+                kept = float(ev.get("kept_s", 0.0)) * job.run_slowdown
+                self.lost_gpu_s += max(ran - kept, 0.0) * job.amount
+            self._start_wait(job, t)
             self._release(job)
             self.queue += job.state == "admitted"
             job.state = "queued"
+            self._set_need(job, job.gpus)
             if kind == "preempt":
                 self.preemptions += 1
                 job.preempted += 1
             else:
                 self.evictions += 1
         elif kind in ("finish", "reject"):
+            if kind == "finish" and job.kind == "admit":
+                # The work was done, but its restart (if any) redid nothing useful.
+                self.lost_gpu_s += job.run_restart * job.run_slowdown * job.amount
             self._release(job)
+            self._set_need(job, 0.0)
             self.queue -= job.state == "queued"
+            job.wait_since = math.nan
             if kind == "finish":
                 job.state, job.finish_t = "finished", t
             elif job.state != "rejected":
                 job.state = "rejected"
                 self.rejected += 1
         self._sample(t)
+
+    def _start_wait(self, job: _Job, t: float) -> None:
+        """Start a wait at ``t`` unless one is already going on (a held gang still waits)."""
+        if math.isnan(job.wait_since):
+            job.wait_since = t
+
+    def _set_need(self, job: _Job, need: float) -> None:
+        """Move the job's entry in its team's pending work from ``job.need`` to ``need``."""
+        if need == job.need:
+            return
+        sizes = self.pending_need.setdefault(job.team, {})
+        order = self.pending_sizes.setdefault(job.team, [])
+        if job.need:
+            left = sizes[job.need] - 1
+            if left:
+                sizes[job.need] = left
+            else:
+                del sizes[job.need]
+                order.remove(job.need)
+        if need:
+            count = sizes.get(need, 0)
+            if not count:
+                bisect.insort(order, need)
+            sizes[need] = count + 1
+        job.need = need
+
+    def _deficit_rates(self) -> None:
+        """Each team's nominal deficit in force from now until the next event time.
+
+        min(nominal - used, GPUs of its pending jobs that each fit in nominal - used, GPUs the
+        other teams use above their nominal), where positive. A team below its nominal
+        borrows nothing, so the others' borrowing is everyone's.
+        """
+        self.deficit_dirty = False
+        self.deficit_rate = rates = {}
+        borrowed = self.borrowed
+        if borrowed <= _EPS:
+            return
+        nominal, alloc = self.nominal, self.team_alloc
+        for team, order in self.pending_sizes.items():
+            if not order:
+                continue
+            gap = nominal.get(team, 0.0) - alloc.get(team, 0.0)
+            if gap <= _EPS:
+                continue
+            cap = min(gap, borrowed)
+            sizes, fits = self.pending_need[team], 0.0
+            for size in order:
+                if size > gap + _EPS:
+                    break
+                fits += size * sizes[size]
+                if fits >= cap:  # the rest cannot raise the minimum
+                    break
+            rate = min(cap, fits)
+            if rate > _EPS:
+                rates[team] = rate
 
     def _sample(self, t: float) -> None:
         alloc = self.admitted + self.holding
@@ -234,7 +352,10 @@ class _Replay:
 
     def _add_team(self, team: str, delta: float) -> None:
         now = self.now
-        self.team_alloc[team] = alloc = self.team_alloc.get(team, 0.0) + delta
+        before = self.team_alloc.get(team, 0.0)
+        self.team_alloc[team] = alloc = before + delta
+        nom = self.nominal.get(team, 0.0)
+        self.borrowed += max(alloc - nom, 0.0) - max(before - nom, 0.0)
         if team not in self.team_pts:
             self.team_pts[team] = (array("d", [self.t0 or 0.0]), array("d", [0.0]))
         pts_t, pts_v = self.team_pts[team]
@@ -253,6 +374,8 @@ class _Replay:
             self.admitted -= job.amount
         else:
             self.holding -= job.amount
+            if job.kind == "partial":
+                self.partial_holding -= job.amount
         self._add_team(job.team, -job.amount)
         job.alloc, job.amount, job.kind = [], 0.0, ""
 
@@ -274,6 +397,8 @@ class _Replay:
             self.admitted += amount
         else:
             self.holding += amount
+            if kind == "partial":
+                self.partial_holding += amount
         self._add_team(job.team, amount)
         return len({node for node, _ in job.alloc})
 
@@ -298,10 +423,12 @@ class _Replay:
         job_team = np.fromiter((column[j.team] for j in jobs), np.int64, n)
         submit, finish, admit = col("submit_t"), col("finish_t"), col("first_admit_t")
         duration, preempted = col("duration"), col("preempted", np.int64)
+        gpus, total_wait = col("gpus"), col("total_wait")
         rejected = np.fromiter((j.state == "rejected" for j in jobs), bool, n)
         done, waited = ~np.isnan(finish), ~np.isnan(admit)
         jct, wait = finish - submit, admit - submit
         nominal = {t.name: float(t.nominal_gpus) for t in teams}
+        deficit = {name: self.int_deficit.get(name, 0.0) / 3600.0 for name in names}
 
         xs: list[float] = []
         rows = []
@@ -317,6 +444,7 @@ class _Replay:
             avg_gpus = gpu_s / makespan if makespan > 0 else 0.0
             nom = nominal.get(name, 0.0)
             team_wait = wait[mine & waited]
+            team_total_wait = total_wait[fin]
             rows.append(
                 {
                     "team": name,
@@ -325,15 +453,20 @@ class _Replay:
                     "finished": int(fin.sum()),
                     "rejected": int((mine & rejected).sum()),
                     "avg_jct_s": _r(_mean(jct[fin]), 3),
-                    "avg_queue_s": _r(_mean(team_wait), 3),
-                    "p99_queue_s": _r(_pct(team_wait, 99), 3),
+                    "avg_first_wait_s": _r(_mean(team_wait), 3),
+                    "p99_first_wait_s": _r(_pct(team_wait, 99), 3),
+                    "avg_total_wait_s": _r(_mean(team_total_wait), 3),
+                    "p99_total_wait_s": _r(_pct(team_total_wait, 99), 3),
                     "gpu_hours": _r(gpu_s / 3600.0, 4),
                     "avg_gpus": _r(avg_gpus, 3),
                     "avg_share_of_nominal": _r(avg_gpus / nom, 4) if nom else None,
+                    "nominal_deficit_gpu_hours": _r(deficit[name], 4),
                     "preempted": int(preempted[mine].sum()),
                 }
             )
-        jct_s, queue_s = np.sort(jct[done]), np.sort(wait[waited])
+        jct_s, first_wait_s = np.sort(jct[done]), np.sort(wait[waited])
+        total_wait_s = np.sort(total_wait[done])
+        useful_gpu_s = float((duration[done] * gpus[done]).sum())
         finished = int(done.sum())
         data: dict[str, Any] = {
             "policy": policy,
@@ -346,17 +479,23 @@ class _Replay:
             "avg_jct_s": _r(_mean(jct_s), 3),
             "p50_jct_s": _r(_pct(jct_s, 50), 3),
             "p99_jct_s": _r(_pct(jct_s, 99), 3),
-            "avg_queue_s": _r(_mean(queue_s), 3),
-            "p50_queue_s": _r(_pct(queue_s, 50), 3),
-            "p99_queue_s": _r(_pct(queue_s, 99), 3),
+            "avg_first_wait_s": _r(_mean(first_wait_s), 3),
+            "p50_first_wait_s": _r(_pct(first_wait_s, 50), 3),
+            "p99_first_wait_s": _r(_pct(first_wait_s, 99), 3),
+            "avg_total_wait_s": _r(_mean(total_wait_s), 3),
+            "p50_total_wait_s": _r(_pct(total_wait_s, 50), 3),
+            "p99_total_wait_s": _r(_pct(total_wait_s, 99), 3),
             "makespan_s": _r(makespan, 3),
             "total_gpus": self.total,
             "gpu_utilization": _r(_div(self.int_admit + self.int_hold, capacity), 4),
             "gpu_busy": _r(_div(self.int_admit, capacity), 4),
+            "goodput": _r(_div(useful_gpu_s, capacity), 4),
+            "gpu_hours_lost_to_preemption": _r(self.lost_gpu_s / 3600.0, 4),
             "fragmentation": _r(_div(self.int_partial, self.int_free), 4),
             "jain_fairness": _r(_jain(xs), 4),
             "partial_gang_jobs": self.partial_gang,
-            "held_gpu_hours": _r(self.int_hold / 3600.0, 4),
+            "partial_gang_idle_gpu_hours": _r(self.int_partial_hold / 3600.0, 4),
+            "nominal_deficit_gpu_hours": _r(sum(deficit.values()), 4),
             "single_node_share_small": (
                 _r(self.small_single / self.small_admits, 4) if self.small_admits else None
             ),
@@ -367,7 +506,8 @@ class _Replay:
         series = Series(
             **self._bucketed(names, start, makespan, max_points),
             jct_s=jct_s,
-            queue_s=queue_s,
+            first_wait_s=first_wait_s,
+            total_wait_s=total_wait_s,
             total_gpus=self.total,
         )
         return Summary(data=data, series=series)

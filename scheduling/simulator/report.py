@@ -21,7 +21,7 @@ from scheduling.simulator.metrics import Summary
 
 PLOTS = {
     "queue_and_utilization.png": "Queue length and GPU allocation over time",
-    "jct_cdf.png": "CDF of job completion time and queue wait",
+    "jct_cdf.png": "CDF of job completion time, first wait and total wait",
     "team_usage.png": "GPU usage per team",
 }
 
@@ -36,16 +36,22 @@ SUMMARY_ROWS: tuple[tuple[str, str], ...] = (
     ("avg_jct_s", "Avg JCT (s)"),
     ("p50_jct_s", "p50 JCT (s)"),
     ("p99_jct_s", "p99 JCT (s)"),
-    ("avg_queue_s", "Avg queue wait (s)"),
-    ("p50_queue_s", "p50 queue wait (s)"),
-    ("p99_queue_s", "p99 queue wait (s)"),
+    ("avg_first_wait_s", "Avg first wait, submit to first admit (s)"),
+    ("p50_first_wait_s", "p50 first wait (s)"),
+    ("p99_first_wait_s", "p99 first wait (s)"),
+    ("avg_total_wait_s", "Avg total wait, every wait of a job (s)"),
+    ("p50_total_wait_s", "p50 total wait (s)"),
+    ("p99_total_wait_s", "p99 total wait (s)"),
     ("makespan_s", "Makespan (s)"),
     ("gpu_utilization", "GPU utilisation, holds included (0-1)"),
     ("gpu_busy", "GPU busy, admitted jobs only (0-1)"),
+    ("goodput", "Goodput, work that counted toward finishing (0-1)"),
+    ("gpu_hours_lost_to_preemption", "GPU-hours lost to preemption (redone work + restarts)"),
     ("fragmentation", "Fragmentation (0-1)"),
     ("jain_fairness", "Jain fairness over teams (0-1)"),
-    ("partial_gang_jobs", "Jobs that held a partial gang"),
-    ("held_gpu_hours", "GPU-hours held by partial gangs"),
+    ("partial_gang_jobs", "Gangs that held some but not all replicas"),
+    ("partial_gang_idle_gpu_hours", "GPU-hours bound idle by partial gangs"),
+    ("nominal_deficit_gpu_hours", "Nominal deficit, all teams (GPU-hours)"),
     ("single_node_share_small", "Small jobs (<= 8 GPUs) placed on one node (0-1)"),
     ("avg_slowdown", "Avg placement slowdown (x)"),
     ("wall_s", "Simulation wall time (s)"),
@@ -58,23 +64,36 @@ TEAM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("finished", "Finished"),
     ("rejected", "Rejected"),
     ("avg_jct_s", "Avg JCT (s)"),
-    ("avg_queue_s", "Avg queue (s)"),
-    ("p99_queue_s", "p99 queue (s)"),
+    ("avg_first_wait_s", "Avg first wait (s)"),
+    ("p99_first_wait_s", "p99 first wait (s)"),
+    ("avg_total_wait_s", "Avg total wait (s)"),
+    ("p99_total_wait_s", "p99 total wait (s)"),
     ("gpu_hours", "GPU-hours"),
     ("avg_gpus", "Avg GPUs"),
     ("avg_share_of_nominal", "Avg / nominal"),
+    ("nominal_deficit_gpu_hours", "Nominal deficit (GPU-h)"),
     ("preempted", "Preempted"),
 )
 
 DEFINITIONS = """\
-- **JCT**: finish time minus submit time, finished jobs only. **Queue wait**: first admission
-  minus submit time, admitted jobs only.
+- **JCT**: finish time minus submit time, finished jobs only. **First wait**: first admission
+  minus submit time, admitted jobs only. **Total wait**: every wait of a finished job summed
+  (submit to first admission, and each preemption or eviction to the next admission).
 - **GPU utilisation**: allocated GPU-seconds (shares count fractionally, partial-gang holds
-  included) over total GPUs x makespan. **GPU busy**: the same without holds.
+  included) over total GPUs x makespan. **GPU busy**: the same without holds. **Goodput**:
+  duration x GPUs of the finished jobs (work at the best placement, counted once) over total
+  GPUs x makespan. **Lost to preemption**: GPU-time of preempted runs that no checkpoint
+  kept, plus the restart time paid after each preemption.
 - **Fragmentation**: of all idle GPU-time, the share on nodes that are partly in use
   (idle GPUs there cannot serve a whole-node replica).
 - **Jain fairness**: Jain's index over teams of the mean duration / JCT of their finished jobs
   (1 = every team's jobs are slowed down equally).
+- **Partial gangs**: jobs of several replicas that had some but not all bound; their idle
+  GPU-hours are the GPUs bound while the rest waited.
+- **Nominal deficit**: GPU-hours a team sat below its nominal GPUs while it had pending jobs
+  that fitted in the gap and other teams used GPUs above their own nominal: at each instant
+  min(nominal - used, GPUs of its pending jobs that each fit in nominal - used, GPUs the other
+  teams use above nominal), when positive.
 """
 
 
@@ -224,13 +243,20 @@ def _plot_cdfs(path: Path, summary: Summary, title: str) -> None:
     ax = fig.subplots()
     plot_cdf(ax, s.jct_s, f"JCT (n={s.jct_s.size:,}, p50 {fmt_value(data['p50_jct_s'])} s)")
     plot_cdf(
-        ax, s.queue_s, f"queue wait (n={s.queue_s.size:,}, p50 {fmt_value(data['p50_queue_s'])} s)"
+        ax,
+        s.first_wait_s,
+        f"first wait (n={s.first_wait_s.size:,}, p50 {fmt_value(data['p50_first_wait_s'])} s)",
     )
-    if s.jct_s.size or s.queue_s.size:
+    plot_cdf(
+        ax,
+        s.total_wait_s,
+        f"total wait (n={s.total_wait_s.size:,}, p50 {fmt_value(data['p50_total_wait_s'])} s)",
+    )
+    if s.jct_s.size or s.first_wait_s.size or s.total_wait_s.size:
         ax.legend(loc="lower right")
     else:
         _no_data(ax)
-    ax.set_title(f"{title}: CDF of JCT and queue wait ({data['policy']})")
+    ax.set_title(f"{title}: CDF of JCT and waits ({data['policy']})")
     ax.set_xlabel("seconds (log scale; waits under 1 s drawn at 1 s)")
     fig.savefig(path, dpi=110)
 

@@ -6,7 +6,8 @@ applied. The cycle is the same function production calls; only the clock and the
 
 Run time depends on placement: a job admitted at a level with slowdown s finishes
 `remaining work x s` later. Preempted work restarts from zero, or from the last checkpoint when a
-checkpoint interval is set.
+checkpoint interval is set; a restart is not free either: a preempted job, admitted again, first
+spends `restart_cost_s` (times its slowdown) reloading before its work goes on.
 """
 
 from __future__ import annotations
@@ -76,16 +77,27 @@ def simulate(
     policy: Policy,
     *,
     checkpoint_s: float | None = None,
+    restart_cost_s: float = 60.0,
     progress: Progress | None = None,
 ) -> SimulationResult:
-    """Run the whole trace; returns the event log (see docs/simulator.md for its format)."""
+    """Run the whole trace; returns the event log (see docs/simulator.md for its format).
+
+    ``restart_cost_s`` is the ideal seconds a preempted job spends at its next admission
+    before it makes progress again (loading its image, data and checkpoint); the admit event
+    records it as ``restart_s`` and the preempt event the work its checkpoint kept as
+    ``kept_s``, so the metrics can count the work preemption lost. Raises ``ValueError`` on a
+    negative or non-finite restart cost.
+    """
+    if not (math.isfinite(restart_cost_s) and restart_cost_s >= 0):
+        raise ValueError(f"restart_cost_s must be a finite number >= 0, got {restart_cost_s}")
     started = time.perf_counter()
     state = EngineState(cluster, teams, policy)
     jobs = {t.job_id: to_job(t) for t in trace}
     duration = {t.job_id: t.duration for t in trace}
     work_left = dict(duration)  # ideal seconds still to run
     attempt: dict[str, int] = {}
-    started_at: dict[str, tuple[float, float]] = {}  # job -> (admit time, slowdown)
+    started_at: dict[str, tuple[float, float, float]] = {}  # job -> (admit t, slowdown, restart)
+    restart_due: set[str] = set()  # preempted jobs: their next admission pays the restart
     heap: list[tuple] = []
     seq = 0
     for t in trace:
@@ -162,11 +174,14 @@ def simulate(
             emit({"t": now, "type": "evict", "job": ev.job_id, "team": team, "reason": ev.reason})
         for pre in result.preempted:
             job_id = pre.job_id
-            admitted, slowdown = started_at.pop(job_id)
-            done = (now - admitted) / slowdown
-            if checkpoint_s:
-                work_left[job_id] -= math.floor(done / checkpoint_s) * checkpoint_s
+            admitted, slowdown, restart = started_at.pop(job_id)
+            # Checkpoints count from the end of the restart: reloading saves nothing new.
+            done = max(0.0, (now - admitted) / slowdown - restart)
+            kept = math.floor(done / checkpoint_s) * checkpoint_s if checkpoint_s else 0.0
+            work_left[job_id] -= kept
             attempt[job_id] += 1  # invalidates the planned finish
+            if restart_cost_s:
+                restart_due.add(job_id)
             emit(
                 {
                     "t": now,
@@ -174,6 +189,7 @@ def simulate(
                     "job": job_id,
                     "team": jobs[job_id].team,
                     "by": pre.by,
+                    "kept_s": kept,
                 }
             )
         for hu in result.holds:
@@ -191,22 +207,26 @@ def simulate(
             slowdown = cluster.slowdown_of(adm.placement.level)
             token = attempt.get(job.id, 0) + 1
             attempt[job.id] = token
-            started_at[job.id] = (now, slowdown)
+            restart = restart_cost_s if job.id in restart_due else 0.0
+            restart_due.discard(job.id)
+            started_at[job.id] = (now, slowdown, restart)
             heapq.heappush(
-                heap, (now + work_left[job.id] * slowdown, _FINISH, seq, (job.id, token))
+                heap,
+                (now + (work_left[job.id] + restart) * slowdown, _FINISH, seq, (job.id, token)),
             )
             seq += 1
-            emit(
-                {
-                    "t": now,
-                    "type": "admit",
-                    "job": job.id,
-                    "team": job.team,
-                    "placement": _placement_json(cluster, adm.placement),
-                    "level": adm.placement.level,
-                    "slowdown": slowdown,
-                }
-            )
+            admit_ev = {
+                "t": now,
+                "type": "admit",
+                "job": job.id,
+                "team": job.team,
+                "placement": _placement_json(cluster, adm.placement),
+                "level": adm.placement.level,
+                "slowdown": slowdown,
+            }
+            if restart:
+                admit_ev["restart_s"] = restart
+            emit(admit_ev)
         wake = result.next_wakeup
         if wake is not None and wake > now and wake not in ticks:
             ticks.add(wake)
