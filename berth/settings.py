@@ -13,6 +13,8 @@ and nothing secret is written into a DAG or a trigger's serialized kwargs:
   and `config/teams.yaml` in this repository). With `BERTH_RUNTIME=kubernetes` the cluster is
   discovered from the nodes when `BERTH_CLUSTER` is unset or `discover`
   (berth/runtime/kubernetes/live.py), and what other workloads hold is taken off it.
+- `BERTH_POLICY_FILE`: the scheduling policy, a policy.yaml (scheduling/policy_file.py; the
+  same file `berth simulate --policy-file` reads); unset: the `berth` policy.
 - `BERTH_RUNTIME`: `local` (the embedded default) or `kubernetes` (pods in each team's
   namespace; the API server from `KUBECONFIG`, else the in-cluster service account).
 - `BERTH_KUBE_SETTINGS` (Kubernetes only): a YAML of how pods look (namespaces, tolerations,
@@ -46,6 +48,8 @@ from urllib.parse import urlsplit
 
 from scheduling.cluster import Cluster
 from scheduling.config import load_cluster, load_teams
+from scheduling.policy import BERTH, Policy
+from scheduling.policy_file import load_policy
 from scheduling.quota import Team
 
 if TYPE_CHECKING:
@@ -80,6 +84,7 @@ class BerthSettings:
     system_metrics_interval_s: float | None = None
     artifacts_s3_prefix: str | None = None
     kube_settings_path: Path | None = None
+    policy_path: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BerthSettings:
@@ -109,6 +114,7 @@ class BerthSettings:
             kube_settings_path=Path(env["BERTH_KUBE_SETTINGS"])
             if env.get("BERTH_KUBE_SETTINGS")
             else None,
+            policy_path=Path(env["BERTH_POLICY_FILE"]) if env.get("BERTH_POLICY_FILE") else None,
         )
 
     # Folders under BERTH_HOME, one per kind of thing the lifecycle keeps.
@@ -141,6 +147,10 @@ class BerthSettings:
         if self.cluster_path is None:
             return self.store().cluster
         return _cluster(self.cluster_path)
+
+    def policy(self) -> Policy:
+        """BERTH_POLICY_FILE, read once (ConfigError names the file, the field and the fix)."""
+        return _policy(self.policy_path) if self.policy_path else BERTH
 
     def teams(self) -> dict[str, Team]:
         return _teams(self.teams_path)
@@ -246,6 +256,11 @@ def _teams(path: Path) -> dict[str, Team]:
 
 
 @cache
+def _policy(path: Path) -> Policy:
+    return load_policy(path)
+
+
+@cache
 def _store(s: BerthSettings) -> Store:
     from berth.store import Store  # SQLAlchemy loads only where a task needs the store
 
@@ -263,8 +278,8 @@ def _store(s: BerthSettings) -> Store:
             node_selector=kube.node_selector,
             ttl_s=kube.discovery_ttl_s,
         )
-        return Store(s.store_url, None, s.teams(), live=live)
-    return Store(s.store_url, s.cluster(), s.teams())
+        return Store(s.store_url, None, s.teams(), s.policy(), live=live)
+    return Store(s.store_url, s.cluster(), s.teams(), s.policy())
 
 
 @cache

@@ -120,6 +120,27 @@ class Capacity:
     def usable(self, i: int) -> bool:
         return i not in self.hidden
 
+    def lacks_room(self, p: Placement, cpu: int, mem: int) -> str | None:
+        """What a placement would take beyond some node's free CPUs or memory, or None.
+
+        `take` checks GPUs replica by replica; CPUs and memory are checked here, per node for
+        all of the gang's replicas there, before anything is taken."""
+        per_node: dict[int, int] = {}
+        for r in p.replicas:
+            per_node[r.node] = per_node.get(r.node, 0) + 1
+        for i, k in per_node.items():
+            name, free_cpu, free_mem = (
+                self.cluster.nodes[i].name,
+                self.free_cpu[i],
+                self.free_mem[i],
+            )
+            if k * cpu > free_cpu:
+                need = k * cpu / 1000
+                return f"node {name}: {k} replicas need {need:g} CPUs, {free_cpu / 1000:g} free"
+            if k * mem > free_mem:
+                return f"node {name}: {k} replicas need {k * mem} MiB, {free_mem} MiB free"
+        return None
+
     # -- changes ----------------------------------------------------------------------------
 
     def take(self, i: int, mask: int, cpu: int, mem: int) -> None:

@@ -29,12 +29,13 @@ from scheduling.decisions import (
     Preempt,
     Reason,
 )
-from scheduling.jobs import Job, Pending, Placement
+from scheduling.jobs import Job, Pending, Placement, Running
 from scheduling.ordering import Candidates
 from scheduling.placement import (
     max_level,
     place_first_fit,
     place_gang,
+    place_gang_group_blind,
     place_least_allocated,
     place_replicas_partially,
 )
@@ -47,6 +48,7 @@ from scheduling.snapshot import Snapshot
 
 PLACERS = {
     "topology": place_gang,
+    "topology_group_blind": place_gang_group_blind,
     "first_fit": place_first_fit,
     "least_allocated": place_least_allocated,
 }
@@ -81,13 +83,20 @@ class _Cycle:
         self.no_room: dict[tuple, PendingReason] = {}
         self.no_plan: dict[tuple, int] = {}
         self.quota_held: set[str] = set()
-        self.preempt_tried: set[str] = set()
         self.admitted_ids: set[str] = set()
+        # Per team, the lowest priority admitted and the highest preempted in this cycle: no
+        # job is preempted while a lower-priority job of its team is admitted (either order).
+        self.admitted_floor: dict[str, int] = {}
+        self.preempted_ceiling = {
+            team: prio for team, (t, prio) in snap.last_preempted.items() if t == snap.now
+        }
         self.victim_pool: VictimPool | None = None
+        self.next_victim: Running | None = None  # the last failed search's next hope
         self.victims: set[str] = set()
         self.total = snap.cluster.total
         self.place = PLACERS[policy.placement]
         self.stopped_by: PendingReason | None = None
+        self.suspended: set[str] = set()  # reservations whose holder is blocked by quota
 
     def share(self, team: str) -> float:
         return self.quota.dominant_share(team, self.total)
@@ -126,9 +135,17 @@ class _Cycle:
             for job_id, res in self.snap.reservations.items()
             if job_id in self.snap.pending
         ]
+        # A holder blocked by quota, not placement, could not use its nodes: they are not
+        # hidden this cycle (others may use them), but the reservation is kept, so that the
+        # same nodes drain again once quota allows it (new nodes each time would restart it).
         for job_id, res in held:
+            job = self.snap.pending[job_id].job
             self.result.reservations[job_id] = res
-            self.cap.hide(res.nodes)
+            if self.quota.check(job.team, job.demand, job.preemptible) is None:
+                self.cap.hide(res.nodes)
+            else:
+                self.suspended.add(job_id)
+        held = [(job_id, res) for job_id, res in held if job_id not in self.suspended]
         # A holder goes first: it has starved long enough, and in queue order it may sit
         # behind a job of its own class that fails (the hidden nodes are not for that one)
         # and closes the class before the holder's turn.
@@ -140,6 +157,8 @@ class _Cycle:
                 own = sum(self.cap.free_gpus(i) for i in res.nodes)
                 if self.cap.domain_free[CLUSTER][CLUSTER] + own < job.whole_gpus * job.replicas:
                     continue
+            if job.priority < self.preempted_ceiling.get(job.team, job.priority):
+                continue  # its team just lost a job of higher priority: that one goes first
             if self.quota.check(job.team, job.demand, job.preemptible) is None:
                 placement = self._place(job)
                 if placement is not None:
@@ -172,7 +191,7 @@ class _Cycle:
         # The rest of its class would fail alike: close it; they share this reason.
         self.failed[(job.team, job.shape)] = reason
         candidates.close_class(job.team, job.shape)
-        starves_at = pending.enqueued + self.policy.starvation_s
+        starves_at = pending.since + self.policy.starvation_s
         if starves_at > self.now:
             # The starvation guard will look at it again then; it has nothing to offer a job
             # that waits for borrowed quota (see below), and a finish in its team, which may
@@ -194,6 +213,13 @@ class _Cycle:
 
     def _admit_or_explain(self, pending: Pending, candidates: Candidates) -> PendingReason | None:
         job = pending.job
+        ceiling = self.preempted_ceiling.get(job.team)
+        if ceiling is not None and job.priority < ceiling:
+            return PendingReason(
+                Reason.BEHIND,
+                f"a job of team {job.team} with priority {ceiling} was preempted just now; it "
+                "goes back to the queue first",
+            )
         problem = None
         if self.policy.quotas:
             problem = self.quota.check(job.team, job.demand, job.preemptible)
@@ -206,34 +232,72 @@ class _Cycle:
                 return None
         else:
             reason = _quota(job, problem)
-        if self._may_preempt(pending):
-            plan = self._plan_preemption(job)
+        self.next_victim = None
+        allowed_at = self._may_preempt(pending)
+        if allowed_at is not None and allowed_at <= self.now:
+            plan = self._plan_preemption(pending)
             if plan is not None:
                 self._admit_with_preemption(job, plan, candidates)
                 return None
         if reason.code == Reason.NO_PLACEMENT:
             self._maybe_reserve(pending)
+        elif problem is not None and allowed_at is not None and self._reclaims(job):
+            return self._reclaim_reason(job, problem, allowed_at)
         return reason
 
-    def _may_preempt(self, pending: Pending) -> bool:
-        if not self.policy.preemption or pending.job.team in self.preempt_tried:
-            return False
+    def _may_preempt(self, pending: Pending) -> float | None:
+        """When the job may preempt: now or later (its preemption delay); None: never as
+        things stand."""
+        if not self.policy.preemption:
+            return None
         if not may_preempt(self.snap, self.quota, pending.job):
-            return False
+            return None
         # Waiting a little often beats killing work: turnover frees room without a restart.
-        allowed_at = pending.enqueued + self.policy.preemption_delay_s
+        allowed_at = pending.since + self.policy.preemption_delay_s
         if allowed_at > self.now:
             self._wake(allowed_at)
-            return False
-        return True
+        return allowed_at
 
-    def _plan_preemption(self, job: Job) -> PreemptionPlan | None:
-        # One search per team and cycle, for its first job that may preempt (Kueue, too,
-        # lets only each queue's head preempt in a cycle): the search is the costly part.
-        self.preempt_tried.add(job.team)
-        # A failed plan for a job means no plan for a bigger one of the same team, priority and
-        # topology in this cycle (victims only get fewer): skip those searches.
-        key = (job.team, job.priority, job.topology, job.shared)
+    def _reclaims(self, job: Job) -> bool:
+        return self.quota.fits_nominal_with(job.team, job.demand) and self.quota.any_borrowing(
+            job.team
+        )
+
+    def _reclaim_reason(self, job: Job, problem: QuotaProblem, allowed_at: float) -> PendingReason:
+        """A job within its team's nominal that waits for borrowed quota to come back: who
+        holds it, and the earliest time the engine may take it back."""
+        usage, teams = self.quota.usage, self.quota.teams
+        lent = [
+            f"{fmt_gpus(usage[t].gpu - teams[t].nominal.gpu)} by team {t}"
+            for t in sorted(self.quota.borrowers)
+            if t != job.team and usage[t].gpu > teams[t].nominal.gpu
+        ]
+        held = ", ".join(lent) or "of other resources"
+        msg = f"within its nominal; waiting for GPUs borrowed ({held}) to be reclaimed"
+        if allowed_at > self.now:
+            msg += f"; it may reclaim from t={allowed_at:g}, after its preemption delay"
+        elif self.next_victim is not None:
+            v = self.next_victim
+            t = v.start_time + self.policy.min_runtime_s
+            msg += f"; earliest when job {v.job.id} reaches its minimum run time at t={t:g}"
+        else:
+            msg += "; no borrowed job can make room for it now: it waits for one to end"
+        return PendingReason(Reason.QUOTA, msg, resource=problem.resource)
+
+    def _plan_preemption(self, pending: Pending) -> PreemptionPlan | None:
+        job = pending.job
+        # Reclaim takes only victims within the guards, until the job has waited
+        # reclaim_deadline_s: then any borrowed job (the bound of the guarantee).
+        unguarded_at = pending.since + self.policy.reclaim_deadline_s
+        guarded = unguarded_at > self.now
+        if guarded:
+            self._wake(unguarded_at)
+        # Every job that may preempt searches, not only its team's first: a big gang with no
+        # plan must not keep its team's small job from reclaiming (head-of-line). The cost
+        # stays bounded: a failed search closes the job's class for the cycle, and a failed
+        # plan for a job means no plan for a bigger one of the same team, priority and
+        # topology in this cycle (victims only get fewer): those searches are skipped.
+        key = (job.team, job.priority, job.topology, job.shared, guarded)
         if job.demand.gpu >= self.no_plan.get(key, 1 << 62):
             return None
         if self.victim_pool is None:
@@ -250,12 +314,15 @@ class _Cycle:
             job,
             excluded=self.victims,
             max_candidates=self.policy.max_preemption_candidates,
+            spared_above=self.admitted_floor,
+            place=self.place,
+            guarded=guarded,
         )
         if plan is None:
             self.no_plan[key] = min(job.demand.gpu, self.no_plan.get(key, 1 << 62))
-            eligible_at = self.victim_pool.next_eligible(self.cap, self.quota, job.team)
-            if eligible_at is not None:
-                self._wake(eligible_at)  # more victims may be allowed then
+            self.next_victim = self.victim_pool.next_eligible(self.cap, self.quota, job.team)
+            if self.next_victim is not None:  # more victims may be allowed then
+                self._wake(self.next_victim.start_time + self.policy.min_runtime_s)
         return plan
 
     def _place_or_explain(self, job: Job) -> PendingReason | None:
@@ -276,6 +343,8 @@ class _Cycle:
 
     def _place(self, job: Job) -> Placement | None:
         res = self.result.reservations.get(job.id)
+        if res is not None and job.id in self.suspended:
+            res = None  # its nodes are not hidden this cycle
         if res is not None:
             self.cap.unhide(res.nodes)
         placement = self.place(self.cap, job)
@@ -285,6 +354,9 @@ class _Cycle:
 
     def _admit(self, job: Job, placement: Placement, preempts: tuple[str, ...] = ()) -> None:
         self.admitted_ids.add(job.id)
+        floor = self.admitted_floor.get(job.team)
+        if floor is None or job.priority < floor:
+            self.admitted_floor[job.team] = job.priority
         self.cap.take_placement(placement, job.cpu, job.mem)
         self.quota.add(job.team, job.demand)
         self.result.admitted.append(Admit(job, placement, preempts))
@@ -311,6 +383,8 @@ class _Cycle:
             self.quota.remove(v.team, v.demand)
             self.victims.add(v.id)
             self.result.preempted.append(Preempt(v.id, job.id))
+            if v.priority > self.preempted_ceiling.get(v.team, v.priority - 1):
+                self.preempted_ceiling[v.team] = v.priority
             candidates.changed(v.team)
         self._admit(job, plan.placement, tuple(v.job.id for v in plan.victims))
         # Capacity grew, but classes closed earlier stay closed until the next cycle (which
@@ -323,7 +397,7 @@ class _Cycle:
         if (
             math.isinf(self.policy.starvation_s)
             or job.id in reservations
-            or pending.enqueued + self.policy.starvation_s > self.now
+            or pending.since + self.policy.starvation_s > self.now
             or len(reservations) >= self.policy.max_reservations
         ):
             return

@@ -104,16 +104,24 @@ class Running:
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """A queued job; `order` sorts a team's queue (priority first, then FIFO)."""
+    """A queued job; `order` sorts a team's queue (priority first, then FIFO).
+
+    `enqueued` and `seq` are its place in the queue, kept across preemptions (a preempted job
+    goes back to its old place); `since` is when its current wait began (its submission, or
+    its last preemption), the clock of the starvation guard and of the preemption delay: a job
+    just preempted has not waited, and may not preempt or starve at once."""
 
     job: Job
     enqueued: float
     seq: int
     not_before: float = 0.0  # backoff after an eviction
+    since: float = -1.0  # when this wait began; -1: at `enqueued`
     order: tuple[int, float, int] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "order", (-self.job.priority, self.enqueued, self.seq))
+        if self.since < 0:
+            object.__setattr__(self, "since", self.enqueued)
 
 
 @dataclass(frozen=True, slots=True)

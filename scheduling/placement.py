@@ -5,8 +5,9 @@ level up to the job's topology requirement, and at each level picks the domain t
 left with the fewest free GPUs, so that big free domains stay whole for big gangs (the spirit
 of HiveD's buddy cells). Ties go to the less-loaded node, then the lower index.
 
-`place_first_fit` and `place_least_allocated` are the baselines' per-replica placements (a bare
-cluster; the default kube-scheduler's spreading).
+`place_gang_group_blind` is the `kueue-tas` baseline's: the same search from the node up, blind
+to GPU groups. `place_first_fit` and `place_least_allocated` are the other baselines'
+per-replica placements (a bare cluster; the default kube-scheduler's spreading).
 
 Placement functions never change the Capacity they are given, except `place_replicas_partially`
 (the baseline's partial binding), whose contract is to bind what it can.
@@ -29,12 +30,24 @@ def max_level(job: Job) -> str:
 
 def place_gang(cap: Capacity, job: Job) -> Placement | None:
     """Berth's placement: smallest domain that holds the whole gang, best fit. None: no room."""
+    return _place(cap, job, GPU_GROUP)
+
+
+def place_gang_group_blind(cap: Capacity, job: Job) -> Placement | None:
+    """Kueue's Topology-Aware Scheduling with a bin-packing kube-scheduler: the whole gang in
+    the tightest domain of its required level, from the node up. NVLink groups are below what
+    Kueue sees: a `gpu_group` requirement can only be asked as `node`, and the node is chosen
+    without looking at its groups (the device plugin then picks GPUs on it, group-aware)."""
+    return _place(cap, job, NODE)
+
+
+def _place(cap: Capacity, job: Job, first: str) -> Placement | None:
     cluster = cap.cluster
-    limit = cluster.rank[max_level(job)]
+    limit = max(cluster.rank[max_level(job)], cluster.rank[first])
     if job.replicas == 1:
         limit = min(limit, cluster.rank[NODE])  # one replica never spans nodes
     need = job.whole_gpus * job.replicas
-    for level in cluster.order[: limit + 1]:
+    for level in cluster.order[cluster.rank[first] : limit + 1]:
         if job.shared:
             reps = _shared_in_level(cap, job, level)
         elif level == GPU_GROUP:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-Ordering = Literal["fifo", "priority_fifo", "drf"]
-PlacementKind = Literal["topology", "first_fit", "least_allocated"]
+Ordering = Literal["fifo", "priority_fifo", "kueue", "drf"]
+PlacementKind = Literal["topology", "topology_group_blind", "first_fit", "least_allocated"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,12 @@ class Policy:
     gang_timeout_s: float = 300.0  # partial gangs: Kueue's waitForPodsReady timeout
     requeue_backoff_s: float = 60.0  # after a gang timeout
     max_preemption_candidates: int = 64
+    # Reclaim respects max_preemptions and max_victim_runtime_s too, until the lender's job has
+    # waited this long: then any borrowed job may go, and a lender gets its nominal back within
+    # max(this, preemption_delay_s + min_runtime_s). Infinite (the default) keeps long work safe
+    # from reclaim: on Philly windows a finite deadline costs much more JCT than it saves
+    # lenders (docs/decisions/0003; `berth-guaranteed` measures it).
+    reclaim_deadline_s: float = float("inf")
 
 
 FIFO = Policy(
@@ -55,16 +61,48 @@ QUOTA_SPREAD = Policy(
     preemption=False,
     starvation_s=float("inf"),
 )
+# Kueue set up carefully for GPU teams: a ClusterQueue per team in one cohort with the same
+# quotas, BestEffortFIFO (non-borrowing heads first, then priority), Topology-Aware Scheduling
+# (a gang is admitted only with a placement in its required domain, so no partial gangs:
+# waitForPodsReady never fires), reclaimWithinCohort: Any, withinClusterQueue: LowerPriority,
+# no preemption guards of its own (Kueue has no minimum run time or preemption delay), no
+# starvation guard, and a bin-packing (MostAllocated) kube-scheduler. docs/simulator.md.
+KUEUE_TAS = Policy(
+    "kueue-tas",
+    ordering="kueue",
+    placement="topology_group_blind",
+    min_runtime_s=0.0,
+    preemption_delay_s=0.0,
+    max_preemptions=1 << 30,
+    max_victim_runtime_s=float("inf"),
+    reclaim_deadline_s=0.0,
+    starvation_s=float("inf"),
+)
+# A bare cluster with the default kube-scheduler: one FIFO queue with backfill (a job that does
+# not fit does not stop the ones behind it), no quotas, no preemption, each replica on the
+# least-allocated node. Gangs are bound whole, as a coscheduling plugin would: without it,
+# partly bound gangs hold GPUs until the cluster deadlocks.
+FIFO_BACKFILL = Policy(
+    "fifo-backfill",
+    quotas=False,
+    ordering="fifo",
+    placement="least_allocated",
+    preemption=False,
+    starvation_s=float("inf"),
+)
 BERTH = Policy("berth")
 
 POLICIES: dict[str, Policy] = {
     p.name: p
     for p in (
         FIFO,
+        FIFO_BACKFILL,
         QUOTA_SPREAD,
+        KUEUE_TAS,
         BERTH,
         replace(BERTH, name="berth-no-preemption", preemption=False),
         replace(BERTH, name="berth-no-reservation", starvation_s=float("inf")),
+        replace(BERTH, name="berth-guaranteed", reclaim_deadline_s=3600.0),
     )
 }
 

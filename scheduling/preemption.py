@@ -4,13 +4,17 @@ A pending job may preempt running jobs in two cases only:
 - **reclaim**: its team is below nominal and the job fits within nominal; victims are jobs of
   teams that are borrowing, and no victim's team may end up below its own nominal;
 - **priority**: victims are jobs of its own team with strictly lower priority.
-Victims are whole gangs, preemptible, and have run at least `min_runtime_s`. A plan exists only
-if the preemptor then fits both quota and placement; the victim set is then pruned so that no
-job is preempted that the preemptor does not need gone.
+Victims are whole gangs, preemptible, and have run at least `min_runtime_s`. The guards that
+protect long work (`max_preemptions`, `max_victim_runtime_s`) apply to priority preemption
+always, and to reclaim until the lender's job has waited `reclaim_deadline_s` (infinite by
+default: docs/decisions/0003 says what a finite one costs). A plan exists only if the
+preemptor then fits both quota and placement; the victim set is then pruned so that no job is
+preempted that the preemptor does not need gone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
@@ -22,6 +26,8 @@ from scheduling.quota import QuotaLedger, below_nominal_after
 from scheduling.resources import ZERO, Resources
 from scheduling.snapshot import Snapshot
 
+Placer = Callable[[Capacity, Job], Placement | None]  # the policy's gang placement
+
 
 @dataclass(frozen=True, slots=True)
 class PreemptionPlan:
@@ -30,10 +36,15 @@ class PreemptionPlan:
 
 
 class VictimPool:
-    """Running jobs that may be preempted now, by team, cheapest losses first: preemptible,
-    past their minimum run time, and not already preempted `max_preemptions` times (without
-    that cap a long job can be reclaimed, re-borrow, and be reclaimed again, losing its work
-    each time). Built once per cycle, on the first preemption attempt."""
+    """Running jobs that may be preempted now, by team, cheapest losses first. Built once per
+    cycle, on the first preemption attempt.
+
+    - `reclaimable[False]`: preemptible and past their minimum run time: what a lender may take
+      back from a borrowing team once its deadline has passed; `reclaimable[True]`: those
+      within the guards below, what it may take before.
+    - `by_team` (priority victims): those, less jobs already preempted `max_preemptions` times
+      or running longer than `max_runtime_s`: a team's own higher-priority job may not destroy
+      long work or preempt the same job again and again."""
 
     def __init__(
         self,
@@ -43,22 +54,34 @@ class VictimPool:
         max_runtime_s: float = float("inf"),
     ) -> None:
         by_team: dict[str, list[Running]] = {}
+        reclaimable: dict[str, list[Running]] = {}
+        guarded: dict[str, list[Running]] = {}
         # Jobs that will pass their minimum run time later, in start order: when a search
         # fails, the cycle wakes up as the first of these that it could use becomes eligible.
         self.upcoming: list[Running] = []
         self.min_runtime_s = min_runtime_s
+        self.max_preemptions = max_preemptions
         self._queues = snap.queues  # team -> classes of pending jobs (Job.shape)
         now = snap.now
-        # Only jobs started inside the window [now - max_runtime, ...] can qualify.
-        for r in snap.running_by_start.irange_key(min_key=(now - max_runtime_s,)):
-            if not r.job.preemptible or r.preemptions >= max_preemptions:
-                continue
-            if now - r.start_time > max_runtime_s:
+        for r in snap.running_by_start:  # in start order: `upcoming` stays sorted
+            if not r.job.preemptible:
                 continue
             if r.start_time + min_runtime_s <= now:  # the same sum as the wake-up
-                by_team.setdefault(r.job.team, []).append(r)
+                reclaimable.setdefault(r.job.team, []).append(r)
+                if r.preemptions < max_preemptions and now - r.start_time <= max_runtime_s:
+                    by_team.setdefault(r.job.team, []).append(r)
+                    guarded.setdefault(r.job.team, []).append(r)
             else:
                 self.upcoming.append(r)
+        for runs in chain(reclaimable.values(), guarded.values()):
+            runs.sort(key=_LOSS)
+        # Reclaim victims: within the guards first; all of them once the lender's job has
+        # waited `reclaim_deadline_s` (Policy): the bound of the guarantee.
+        self.reclaimable = {True: guarded, False: reclaimable}
+        self.reclaimable_gpus = {
+            key: {t: sum(r.job.demand.gpu for r in rs) for t, rs in lists.items()}
+            for key, lists in self.reclaimable.items()
+        }
         self.gpus: dict[str, int] = {}
         # Per team, (priority, GPUs of its victims of lower priority): a cheap upper bound on
         # what a priority preemption can free, before any list is built.
@@ -85,8 +108,8 @@ class VictimPool:
             out = self.gpus[team]
         return out
 
-    def next_eligible(self, cap: Capacity, quota: QuotaLedger, team: str) -> float | None:
-        """After a failed search for one of `team`'s jobs: when the first running job that
+    def next_eligible(self, cap: Capacity, quota: QuotaLedger, team: str) -> Running | None:
+        """After a failed search for one of `team`'s jobs: the first running job that
         could help *any* of its pending jobs passes its minimum run time (a cycle searches
         once per team, so the wake-up must serve them all). None if none could, as things
         stand: a finish or an admission changes things, and runs a cycle anyway.
@@ -110,13 +133,13 @@ class VictimPool:
         if smallest and not any(cap.node_buckets[smallest:]):
             per_node = {}
             own = [r for r in self.by_team.get(team, ()) if r.job.priority < top]
-            for r in chain(own, *(self.by_team.get(t, ()) for t in lenders)):
+            for r in chain(own, *(self.reclaimable[True].get(t, ()) for t in lenders)):
                 for n, k in r.gpus_by_node:
                     per_node[n] = per_node.get(n, cap.free_gpus(n)) + k
         for r in self.upcoming:
             v = r.job
             if v.team == team:
-                if v.priority >= top:
+                if v.priority >= top or r.preemptions >= self.max_preemptions:
                     continue
             elif v.team not in lenders:
                 continue
@@ -127,22 +150,22 @@ class VictimPool:
                     useful = useful or (per_node[n] >= smallest and cap.usable(n))
                 if not useful:
                     continue
-            return r.start_time + self.min_runtime_s
+            return r  # eligible at r.start_time + min_runtime_s
         return None
 
 
 def _reachable(
-    pool: VictimPool, quota: QuotaLedger, job: Job, reclaims: bool
+    pool: VictimPool, quota: QuotaLedger, job: Job, reclaims: bool, guarded: bool
 ) -> tuple[int, list[str]]:
     """An upper bound on the GPUs the allowed victims hold now, and the teams it may reclaim
     from (victims already taken in this cycle included)."""
     reachable = pool.gpus_below(job.team, job.priority)
     lenders = []
     if reclaims:
-        for team in pool.by_team:
+        for team, gpus in pool.reclaimable_gpus[guarded].items():
             if team != job.team and quota.borrowing(team):
                 borrowed = quota.usage[team].gpu - quota.teams[team].nominal.gpu
-                reachable += min(pool.gpus[team], max(borrowed, 0))
+                reachable += min(gpus, max(borrowed, 0))
                 lenders.append(team)
     return reachable, lenders
 
@@ -175,31 +198,50 @@ def plan_preemption(
     *,
     excluded: set[str],
     max_candidates: int,
+    spared_above: Mapping[str, int] | None = None,
+    place: Placer = place_gang,
+    guarded: bool = True,
 ) -> PreemptionPlan | None:
-    """Victims and the placement they make room for, or None. Does not change cap or quota."""
+    """Victims and the placement they make room for, or None. Does not change cap or quota.
+
+    `guarded`: reclaim only victims within the guards (max_preemptions, max_victim_runtime_s);
+    False once the preemptor has waited its policy's `reclaim_deadline_s`.
+    `excluded`: jobs already preempted in this cycle. `spared_above`: per team, the lowest
+    priority it had admitted in this cycle; its jobs of a higher priority are spared, so a
+    cycle never preempts a job while admitting a lower-priority job of its team."""
+    spared = spared_above or {}
     # First an upper bound on what the allowed victims could free: most searches end here,
     # before any list is built.
-    reachable, lenders = _reachable(pool, quota, job, _reclaims(quota, job))
+    reachable, lenders = _reachable(pool, quota, job, _reclaims(quota, job), guarded)
     if not job.shared and reachable < _need(cap, job):
         return None  # even every allowed victim would not free enough GPUs
+    inf = 1 << 62
+    own_floor = spared.get(job.team, inf)
     candidates = [
         r
         for r in pool.by_team.get(job.team, ())
-        if r.job.priority < job.priority and r.job.id not in excluded
+        if r.job.priority < job.priority
+        and r.job.id not in excluded
+        and r.job.priority <= own_floor
     ]
     for team in lenders:
-        candidates.extend(r for r in pool.by_team[team] if r.job.id not in excluded)
+        floor = spared.get(team, inf)
+        candidates.extend(
+            r
+            for r in pool.reclaimable[guarded][team]
+            if r.job.id not in excluded and r.job.priority <= floor
+        )
     if not candidates:
         return None
     candidates.sort(key=_LOSS)
-    if job.replicas == 1 and not job.shared and place_gang(cap, job) is None:
+    if job.replicas == 1 and not job.shared and place(cap, job) is None:
         # Room on one node is what it lacks; the per-node search covers every such plan.
-        return _plan_on_one_node(candidates, cap, quota, job)
-    return _plan_greedy(candidates[:max_candidates], cap, quota, job)
+        return _plan_on_one_node(candidates, cap, quota, job, place)
+    return _plan_greedy(candidates[:max_candidates], cap, quota, job, place)
 
 
 def _plan_on_one_node(
-    candidates: list[Running], cap: Capacity, quota: QuotaLedger, job: Job
+    candidates: list[Running], cap: Capacity, quota: QuotaLedger, job: Job, place: Placer
 ) -> PreemptionPlan | None:
     """A single-replica job needs room on one node: for each node, the cheapest victims there
     that make room; then the node whose victims cost least (priority, GPUs, count)."""
@@ -258,7 +300,7 @@ def _plan_on_one_node(
         trial_cap = cap.clone()
         for v in chosen:
             trial_cap.give_placement(v.placement, v.job.cpu, v.job.mem)
-        placement = place_gang(trial_cap, job)
+        placement = place(trial_cap, job)
         if placement is not None:
             return PreemptionPlan(placement, tuple(chosen))
     return None
@@ -296,7 +338,7 @@ class _Released:
 
 
 def _plan_greedy(
-    candidates: list[Running], cap: Capacity, quota: QuotaLedger, job: Job
+    candidates: list[Running], cap: Capacity, quota: QuotaLedger, job: Job, place: Placer
 ) -> PreemptionPlan | None:
     """The shortest prefix of the victims (in loss order) that makes room, then pruned."""
     allowed = _allowed(candidates, quota, job)
@@ -315,13 +357,13 @@ def _plan_greedy(
         return None  # even with every allowed victim gone, its quota would not fit
     if not job.shared and _slots_without(cap, allowed, job.whole_gpus) < job.replicas:
         return None  # ... or not enough GPUs on enough nodes
-    if not _fits(*without(len(allowed)), job):
+    if not _fits(*without(len(allowed)), job, place):
         return None  # ... or there would be no room
     # More victims only free more, so "fits" is monotone in the prefix length: bisect it.
     lo, hi = 1, len(allowed)
     while lo < hi:
         mid = (lo + hi) // 2
-        if _fits(*without(mid), job):
+        if _fits(*without(mid), job, place):
             hi = mid
         else:
             lo = mid + 1
@@ -334,12 +376,12 @@ def _plan_greedy(
             continue
         trial_cap.take_placement(victim.placement, v.cpu, v.mem)
         trial_quota.add(v.team, v.demand)
-        if _fits(trial_cap, trial_quota, job):
+        if _fits(trial_cap, trial_quota, job, place):
             chosen.remove(victim)
         else:
             trial_cap.give_placement(victim.placement, v.cpu, v.mem)
             trial_quota.remove(v.team, v.demand)
-    placement = place_gang(trial_cap, job)
+    placement = place(trial_cap, job)
     assert placement is not None  # _fits just said so on this very capacity
     return PreemptionPlan(placement, tuple(chosen))
 
@@ -357,12 +399,12 @@ def _slots_without(cap: Capacity, victims: list[Running], g: int) -> int:
     return slots
 
 
-def _fits(cap: Capacity, quota: QuotaLedger, job: Job) -> bool:
+def _fits(cap: Capacity, quota: QuotaLedger, job: Job, place: Placer) -> bool:
     if quota.check(job.team, job.demand, job.preemptible) is not None:
         return False
     if not job.shared and cap.domain_free["cluster"]["cluster"] < job.whole_gpus * job.replicas:
         return False
-    return place_gang(cap, job) is not None
+    return place(cap, job) is not None
 
 
 def _free(cap: Capacity, r: Running) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sortedcontainers import SortedKeyList
 
@@ -34,6 +34,9 @@ class Snapshot:
     pending: Mapping[str, Pending]  # job id -> Pending
     holds: Mapping[str, Hold]
     reservations: Mapping[str, Reservation]
+    # Per team, when it last lost a job to preemption and the highest priority it lost then: a
+    # cycle at that same instant admits none of its lower-priority jobs (no inversion).
+    last_preempted: Mapping[str, tuple[float, int]] = field(default_factory=dict)
 
     def position(self, pending: Pending) -> int:
         """1-based position of a job in its team's queue (all its classes merged)."""

@@ -2,14 +2,16 @@
 
 `EngineState` plays the part of Kueue's cache and queue manager together. The simulator keeps
 one in memory; the SQL store rebuilds one from its tables. `apply` replays a cycle's decisions
-onto it; it re-checks every allocation (Capacity.take refuses GPUs that are not free), so a
-stale or buggy decision fails loudly instead of double-allocating.
+onto it; it re-checks every allocation (Capacity.take refuses GPUs that are not free, and
+Capacity.lacks_room CPUs or memory a node does not have), so a stale or buggy decision fails
+loudly instead of double-allocating.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 
 from sortedcontainers import SortedKeyList
 
@@ -52,6 +54,7 @@ class EngineState:
         self.holds: dict[str, Hold] = {}
         self.reservations: dict[str, Reservation] = {}
         self.preemptions: dict[str, int] = {}  # job -> times preempted so far
+        self.last_preempted: dict[str, tuple[float, int]] = {}  # team -> (when, top priority)
         self._origin: dict[str, Pending] = {}  # queue entries of running jobs: a preempted job
         self._seq = 0  # goes back to its old place
 
@@ -126,13 +129,16 @@ class EngineState:
         seq: int,
         not_before: float = 0.0,
         preemptions: int = 0,
+        since: float | None = None,
     ) -> Pending:
-        """Put back a queued job at its old place (`enqueued`, `seq`) without a cycle."""
+        """Put back a queued job at its old place (`enqueued`, `seq`) without a cycle; `since`
+        is when its current wait began (its last preemption or loss), `enqueued` if None."""
         self._check_new(job)
         self._seq = max(self._seq, seq)
         if preemptions:
             self.preemptions[job.id] = preemptions
-        return self._enqueue(Pending(job, enqueued, seq, not_before=not_before))
+        wait = enqueued if since is None else max(since, enqueued)
+        return self._enqueue(Pending(job, enqueued, seq, not_before=not_before, since=wait))
 
     def _check_new(self, job: Job) -> None:
         if job.id in self.pending or job.id in self.running or job.id in self.holds:
@@ -156,6 +162,7 @@ class EngineState:
             pending=self.pending,
             holds=self.holds,
             reservations=self.reservations,
+            last_preempted=self.last_preempted,
         )
 
     def apply(self, result: CycleResult) -> None:
@@ -175,7 +182,11 @@ class EngineState:
             self.running_by_start.remove(run)
             self._release(run.job, run.placement)
             self.preemptions[pre.job_id] = run.preemptions + 1
-            self._enqueue(self._origin.pop(pre.job_id))
+            team, prio = run.job.team, run.job.priority
+            when, top = self.last_preempted.get(team, (None, prio))
+            self.last_preempted[team] = (now, max(prio, top) if when == now else prio)
+            # Back to its old place in the queue; its waiting clock starts again now.
+            self._enqueue(replace(self._origin.pop(pre.job_id), since=now))
         for hu in result.holds:
             self._bind(hu.job, hu.bound, now)
         for adm in result.admitted:
@@ -184,6 +195,9 @@ class EngineState:
                 self._bind(job, adm.placement.replicas, now)
                 del self.holds[job.id]
             else:
+                lacking = self.capacity.lacks_room(adm.placement, job.cpu, job.mem)
+                if lacking:
+                    raise StateError(f"cannot admit {job.id}: {lacking}")
                 self._origin[job.id] = self._dequeue(job.id)
                 self.capacity.take_placement(adm.placement, job.cpu, job.mem)
                 self.quota.add(job.team, job.demand)

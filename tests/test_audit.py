@@ -36,6 +36,8 @@ TEAMS = parse_teams(
         {"name": "b", "nominal": {"gpus": 4}},
     ]
 )
+# a and b may both borrow: the cohort lends all 12 GPUs (c is idle).
+TEAMS_LOOSE = parse_teams([{"name": t, "nominal": {"gpus": 4}} for t in ("a", "b", "c")])
 BERTH = POLICIES["berth"]
 
 
@@ -219,22 +221,114 @@ def test_preemption_below_nominal() -> None:
     assert check(events, [v, p]) == ["preemption"]
 
 
-def test_preemption_of_a_young_job() -> None:
+def test_preemption_of_a_young_job_by_one_that_has_not_waited() -> None:
     v, p = job("v", duration=5000), job("p", priority=1)  # same team, higher priority
     events = [
         submit(0, v),
         admit(0, v, rep("n0", 0)),
-        submit(100, p),
+        submit(0, p),
         ev(100, "preempt", v, by="p"),
         admit(100, p, rep("n0", 0)),
         ev(200, "finish", p),
         admit(200, v, rep("n0", 0)),
         ev(5200, "finish", v),
     ]
-    assert check(events, [v, p]) == ["preemption"]
-    # Past min_runtime_s, the same preemption is allowed.
+    # v ran 100 s < min_runtime_s, and p waited 100 s < preemption_delay_s.
+    assert check(events, [v, p]) == ["preemption", "preemption"]
+    # Past both, the same preemption is allowed.
     late = [{**e, "t": e["t"] + 600} if e["t"] >= 100 else e for e in events]
     assert check(late, [v, p]) == []
+
+
+def test_a_preemptor_waits_its_delay_from_when_its_wait_began() -> None:
+    v, p = job("v", duration=5000), job("p", priority=1)
+    events = [
+        submit(0, v),
+        admit(0, v, rep("n0", 0)),
+        submit(650, p),  # v has run long enough by 700, but p has waited only 50 s
+        ev(700, "preempt", v, by="p"),
+        admit(700, p, rep("n0", 0)),
+        ev(800, "finish", p),
+        admit(800, v, rep("n0", 0)),
+        ev(5800, "finish", v),
+    ]
+    assert check(events, [v, p]) == ["preemption"]
+
+
+def test_a_team_above_its_nominal_may_not_reclaim() -> None:
+    # b borrows 2 GPUs (6 of nominal 4); a (nominal 4, no borrowing) holds 4 and takes 2 more
+    # by "reclaiming" from b: a is then above its nominal.
+    b1 = job("b1", "b", gpus=2, duration=5000)
+    b2 = job("b2", "b", gpus=2, duration=5000)
+    b3 = job("b3", "b", gpus=2, duration=5000)
+    a1, a2 = job("a1", gpus=4, duration=5000), job("a2", gpus=2)
+    events = [
+        submit(0, a1),
+        admit(0, a1, rep("n0", 0, 1, 2, 3), level="node"),
+        submit(0, b1),
+        submit(0, b2),
+        submit(0, b3),
+        admit(0, b1, rep("n1", 0, 1)),
+        admit(0, b2, rep("n1", 2, 3)),
+        admit(0, b3, rep("n2", 0, 1)),
+        submit(0, a2),
+        ev(700, "preempt", b3, by="a2"),
+        admit(700, a2, rep("n2", 0, 1)),
+        ev(800, "finish", a2),
+        admit(800, b3, rep("n2", 0, 1)),
+        ev(5000, "finish", b1),
+        ev(5000, "finish", b2),
+        ev(5500, "finish", a1),
+        ev(5800, "finish", b3),
+    ]
+    found = audit(events, CLUSTER, TEAMS_LOOSE, BERTH, {j.job_id: j for j in (a1, a2, b1, b2, b3)})
+    assert [(v.job, v.rule) for v in found] == [("a2", "preemption")]
+    assert "above its nominal" in found[0].message
+
+
+def test_a_non_preemptible_job_above_its_teams_nominal() -> None:
+    ok, x = job("ok", "b", gpus=4), job("x", "b", gpus=1, preemptible=False)
+    events = ordered(run(ok, 0, rep("n0", 0, 1, 2, 3), level="node") + run(x, 1, rep("n1", 0)))
+    assert check(events, [ok, x]) == ["quota"]
+    assert check(ordered(run(x, 1, rep("n1", 0))), [x]) == []  # within nominal it may run
+
+
+def test_a_job_preempted_while_a_lower_priority_job_of_its_team_is_admitted() -> None:
+    # a reclaims b-mid (priority 1) in the cycle that admits b-low (priority 0).
+    b_mid = job("b-mid", "b", gpus=4, priority=1, duration=5000)
+    b_top = job("b-top", "b", gpus=4, priority=2, duration=5000)
+    a1, b_low = job("a1", gpus=4), job("b-low", "b", gpus=1)
+    events = [
+        submit(0, b_mid),
+        submit(0, b_top),
+        admit(0, b_mid, rep("n0", 0, 1, 2, 3), level="node"),
+        admit(0, b_top, rep("n1", 0, 1, 2, 3), level="node"),
+        submit(0, a1),
+        submit(0, b_low),
+        ev(700, "preempt", b_mid, by="a1"),
+        admit(700, a1, rep("n0", 0, 1, 2, 3), level="node"),
+        admit(700, b_low, rep("n2", 0)),
+        ev(800, "finish", b_low),
+        ev(810, "finish", a1),
+        admit(810, b_mid, rep("n0", 0, 1, 2, 3), level="node"),
+        ev(5500, "finish", b_top),
+        ev(810 + 5500, "finish", b_mid),
+    ]
+    jobs = {j.job_id: j for j in (b_mid, b_top, a1, b_low)}
+    found = audit(events, CLUSTER, TEAMS_LOOSE, BERTH, jobs)
+    assert [(v.job, v.rule) for v in found] == [("b-mid", "inversion")]
+    jobs.pop("b-low")  # the same cycle without b-low admitted is sound
+    without = [e for e in events if e["job"] != "b-low"]
+    assert audit(without, CLUSTER, TEAMS_LOOSE, BERTH, jobs) == []
+
+
+def test_a_rejection_must_be_right() -> None:
+    wide = job("wide", replicas=1, gpus=8)  # no node has 8 GPUs: infeasible
+    fits = job("fits", replicas=2, gpus=2, topology="rack")  # r0 holds it when empty
+    vast = job("vast", "b", replicas=13, gpus=1)  # more than the cluster's 12 GPUs
+    for j, flagged in ((wide, []), (fits, ["rejection"]), (vast, [])):
+        events = [submit(0, j), ev(0, "reject", j, field="f", message="m")]
+        assert check(events, [j]) == flagged, j.job_id
 
 
 @pytest.mark.parametrize(
@@ -362,7 +456,9 @@ def test_job_never_finished() -> None:
 
 def test_events_out_of_place() -> None:
     x = job("x")
-    assert check([submit(5, x), ev(4, "reject", x, field="f", message="m")], [x]) == ["lifecycle"]
+    big = job("big", replicas=99)  # infeasible, so its rejection is right
+    events = [submit(5, big), ev(4, "reject", big, field="f", message="m")]
+    assert check(events, [big]) == ["lifecycle"]
     assert check([submit(0, x), ev(1, "finish", x)], [x]) == ["lifecycle", "liveness"]
 
 

@@ -155,3 +155,69 @@ def test_check_prints_what_the_files_declare(tmp_path):
     )
     assert res.exit_code == 0
     assert "4 nodes, 32 GPUs" in res.output and "team nlp" in res.output
+
+
+def _preempting_inputs(tmp_path: Path) -> list[str]:
+    """a and b take 4 of 6 GPUs; p (3 GPUs, priority 2) preempts b at 601; b is back at 701."""
+    (tmp_path / "cluster.yaml").write_text(
+        "name: two\nnodes:\n  - {name: n0, gpus: 3}\n  - {name: n1, gpus: 3}\n"
+    )
+    (tmp_path / "teams.yaml").write_text("teams:\n  - {name: t, nominal: {gpus: 6}}\n")
+    (tmp_path / "jobs.csv").write_text(
+        "job_id,submit_time,team,replicas,gpus_per_replica,duration,priority\n"
+        "a,0,t,1,2,3000,0\nb,0,t,1,2,3000,0\np,1,t,1,3,100,2\n"
+    )
+    return [
+        "simulate",
+        *("--cluster", str(tmp_path / "cluster.yaml")),
+        *("--teams", str(tmp_path / "teams.yaml")),
+        *("--trace", str(tmp_path / "jobs.csv")),
+    ]
+
+
+def test_restart_cost_delays_a_preempted_job_and_counts_as_lost_work(tmp_path):
+    args = _preempting_inputs(tmp_path)
+    finish_b, lost = {}, {}
+    for cost in ("default", "0", "120"):
+        out = tmp_path / cost
+        extra = [] if cost == "default" else ["--restart-cost", cost]
+        res = CliRunner().invoke(app, [*args, "--out", str(out), *extra])
+        assert res.exit_code == 0, res.output
+        events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
+        finish_b[cost] = next(e["t"] for e in events if e["type"] == "finish" and e["job"] == "b")
+        lost[cost] = json.loads((out / "summary.json").read_text())["gpu_hours_lost_to_preemption"]
+    assert finish_b == {"default": 701 + 3000 + 60, "0": 701 + 3000, "120": 701 + 3000 + 120}
+    # b's 601 s before the preemption, plus its restart, on 2 GPUs
+    assert lost == {
+        c: round((601 + r) * 2 / 3600, 4) for c, r in (("default", 60), ("0", 0), ("120", 120))
+    }
+
+
+def test_negative_or_infinite_restart_cost_is_refused_before_simulating(tmp_path):
+    args = _preempting_inputs(tmp_path)
+    for bad in ("-5", "inf"):
+        out = tmp_path / f"o{bad}"
+        res = CliRunner().invoke(app, [*args, "--out", str(out), "--restart-cost", bad])
+        assert res.exit_code == 2, res.output
+        assert "restart-cost" in res.output
+        assert not out.exists()
+
+
+def test_a_policy_file_runs_beside_the_named_policies_and_a_bad_one_is_refused(tmp_path):
+    p = _inputs(tmp_path, _rows())
+    args = ["simulate", "--cluster", str(p["cluster"]), "--teams", str(p["teams"])]
+    args += ["--trace", str(p["trace"])]
+    good = tmp_path / "policy.yaml"
+    good.write_text("name: patient\nstarvation_s: 7200\nmin_runtime_s: 900\n")
+    out = tmp_path / "cmp"
+    res = CliRunner().invoke(
+        app, [*args, "--out", str(out), "--compare", "berth", "--policy-file", str(good)]
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "patient" / "summary.json").read_text())["policy"] == "patient"
+    assert (out / "berth" / "summary.json").exists() and (out / "compare.md").exists()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("min_runtime_s: -1\n")
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "x"), "--policy-file", str(bad)])
+    assert res.exit_code == 2
+    assert "min_runtime_s" in res.output and not (tmp_path / "x").exists()

@@ -40,9 +40,10 @@ PROPERTY = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-# The baselines place replicas one by one, blind to topology by design.
-TOPOLOGY_AWARE = [name for name, p in POLICIES.items() if p.placement == "topology"]
-TOPOLOGY_BLIND = [name for name, p in POLICIES.items() if p.placement != "topology"]
+# The baselines that place replicas one by one are blind to topology by design; kueue-tas
+# honours every requirement Kueue can express (a gpu_group one as node: the audit knows).
+TOPOLOGY_AWARE = [n for n, p in POLICIES.items() if p.placement.startswith("topology")]
+TOPOLOGY_BLIND = [n for n, p in POLICIES.items() if not p.placement.startswith("topology")]
 BERTH = POLICIES["berth"]
 
 

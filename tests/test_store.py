@@ -28,6 +28,7 @@ from berth.store import (
     UnknownJobError,
     UnsupportedPolicyError,
 )
+from berth.store.rebuild import live_rows, rebuild
 from scheduling.policy import BERTH
 
 # 2 nodes x 4 GPUs (2 NVLink pairs each). a may borrow all of b's idle quota.
@@ -166,6 +167,24 @@ def test_preemption_waits_for_the_victim_to_stop_then_requeues_it_in_place(store
     store.finish("a1", "succeeded", now=11)
     store.schedule(now=12)
     assert store.status("a2").state == "admitted" and store.status("a2").attempt == 2
+
+
+def test_a_requeued_job_waits_again_from_the_end_of_its_attempt(store: Store) -> None:
+    submit(store, "a1", 0, gpus=4)
+    submit(store, "a2", 1, gpus=4, priority=-1)
+    store.schedule(now=2)
+    run(store, "a1", 3)
+    run(store, "a2", 4)
+    submit(store, "b1", 5, team="b", gpus=4)
+    assert store.schedule(now=6).preempted == ("a2",)
+    store.finish("a2", "preempted", now=8)
+    with store.engine.connect() as conn:
+        rows = live_rows(conn)
+    assert (rows["a2"]["enqueued_at"], rows["a2"]["last_ended_at"]) == (1, 8)
+    assert rows["b1"]["last_ended_at"] is None  # its attempt runs
+    rebuilt = rebuild(CLUSTER, TEAMS, FAST, rows.values(), {})
+    requeued = rebuilt.state.pending["a2"]
+    assert (requeued.enqueued, requeued.since) == (1, 8)  # its place kept, its clock anew
 
 
 def test_a_job_placed_where_a_victim_still_stops_waits_for_it_too(store: Store) -> None:

@@ -7,6 +7,7 @@ prints what it found.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +18,7 @@ from rich.table import Table
 
 from scheduling.config import ConfigError, load_cluster, load_teams
 from scheduling.policy import POLICIES, UnknownPolicyError, get_policy
+from scheduling.policy_file import load_policy
 from scheduling.simulator.trace import TraceFormatError, load_trace
 
 console = Console(stderr=True)
@@ -24,12 +26,18 @@ console = Console(stderr=True)
 KEY_METRICS = (
     ("avg_jct_s", "avg JCT (s)"),
     ("p99_jct_s", "p99 JCT (s)"),
-    ("avg_queue_s", "avg queue (s)"),
-    ("p99_queue_s", "p99 queue (s)"),
+    ("avg_first_wait_s", "avg first wait (s)"),
+    ("p99_first_wait_s", "p99 first wait (s)"),
+    ("avg_total_wait_s", "avg total wait (s)"),
+    ("p99_total_wait_s", "p99 total wait (s)"),
     ("gpu_utilization", "GPU utilization"),
+    ("goodput", "goodput"),
     ("fragmentation", "fragmentation"),
     ("preemptions", "preemptions"),
+    ("gpu_hours_lost_to_preemption", "GPU-h lost to preemption"),
     ("partial_gang_jobs", "partial gangs"),
+    ("partial_gang_idle_gpu_hours", "partial gangs' idle GPU-h"),
+    ("nominal_deficit_gpu_hours", "nominal deficit (GPU-h)"),
     ("single_node_share_small", "<=8-GPU jobs on one node"),
     ("jain_fairness", "Jain fairness"),
     ("wall_s", "simulation wall (s)"),
@@ -89,6 +97,14 @@ def simulate(
     checkpoint_interval: Annotated[
         float | None, typer.Option(help="seconds of work kept at each checkpoint on preemption")
     ] = None,
+    restart_cost: Annotated[
+        float,
+        typer.Option(min=0.0, help="seconds a preempted job spends restarting when admitted again"),
+    ] = 60.0,
+    policy_file: Annotated[
+        Path | None,
+        typer.Option(help="a policy.yaml (the store's BERTH_POLICY_FILE): run it as well"),
+    ] = None,
 ) -> None:
     """Replay a trace through the engine and write events, a summary, a report and plots."""
     from scheduling.simulator.compare import write_comparison
@@ -97,8 +113,12 @@ def simulate(
     from scheduling.simulator.sim import simulate as run
 
     names = [p.strip() for p in (compare or policy).split(",") if p.strip()]
+    if not math.isfinite(restart_cost):
+        raise _fail(f"--restart-cost must be a finite number of seconds, got {restart_cost}")
     try:
-        chosen = [get_policy(n) for n in names]
+        chosen = [get_policy(n) for n in names] if compare or not policy_file else []
+        if policy_file is not None:
+            chosen.append(load_policy(policy_file))
         cl = load_cluster(cluster)
         tm = load_teams(teams)
         jobs = load_trace(trace)
@@ -118,6 +138,7 @@ def simulate(
                 jobs,
                 pol,
                 checkpoint_s=checkpoint_interval,
+                restart_cost_s=restart_cost,
                 progress=lambda done, _total, task=task: bar.update(task, completed=done),
             )
         with (target / "events.jsonl").open("w") as fh:

@@ -20,6 +20,7 @@ from sqlalchemy import Connection, bindparam, select, update
 from berth.store.audit import emit
 from berth.store.rebuild import (
     Rebuilt,
+    live_rows,
     placement_json,
     placement_of,
     rebuild,
@@ -27,7 +28,6 @@ from berth.store.rebuild import (
 )
 from berth.store.schema import (
     ADMITTED,
-    LIVE,
     PREEMPTING,
     REJECTED,
     attempts,
@@ -58,7 +58,7 @@ def run_cycle(
 ) -> CycleReport:
     started = time.perf_counter()
     eng = conn.execute(select(engine_row).where(engine_row.c.id == 1)).mappings().one()
-    rows = {r["id"]: r for r in conn.execute(select(jobs).where(jobs.c.state.in_(LIVE))).mappings()}
+    rows = live_rows(conn)
     rb = rebuild(cluster, teams, policy, rows.values(), eng["reservations"], held=held, live=live)
     _reject(conn, rb, now)
     state = rb.state

@@ -23,7 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from berth.store.schema import HOLDING, PREEMPTING, QUEUED
+from sqlalchemy import Connection, RowMapping, select
+
+from berth.store.schema import HOLDING, LIVE, PREEMPTING, QUEUED, attempts, jobs
 from berth.store.views import StoreError
 from scheduling.admission import Rejection, check_job
 from scheduling.cluster import Cluster
@@ -33,6 +35,19 @@ from scheduling.policy import Policy
 from scheduling.quota import Team
 from scheduling.resources import GPU_UNIT, Resources
 from scheduling.state import EngineState
+
+
+def live_rows(conn: Connection) -> dict[str, RowMapping]:
+    """Every live job's row by id, with `last_ended_at`: when its last attempt ended. A job
+    queued again (preempted, lost) began its current wait then: the clock of the preemption
+    delay and of the starvation guard, which must not count the time it ran."""
+    last = (attempts.c.job_id == jobs.c.id) & (attempts.c.number == jobs.c.attempt)
+    q = (
+        select(jobs, attempts.c.ended_at.label("last_ended_at"))
+        .select_from(jobs.outerjoin(attempts, last))
+        .where(jobs.c.state.in_(LIVE))
+    )
+    return {r["id"]: r for r in conn.execute(q).mappings()}
 
 
 def job_of(row: Mapping[str, Any]) -> Job:
@@ -168,7 +183,12 @@ def rebuild(
             out.rejected[job.id] = rejection
             continue
         state.restore_pending(
-            job, row["enqueued_at"], row["seq"], row["not_before"], row["preemptions"]
+            job,
+            row["enqueued_at"],
+            row["seq"],
+            row["not_before"],
+            row["preemptions"],
+            since=row.get("last_ended_at"),
         )
         out.jobs[job.id] = job
     saved = reservations_of(cluster, reservations)

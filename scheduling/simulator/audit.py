@@ -4,9 +4,14 @@ The audit rebuilds GPU, CPU, memory and quota usage from the events and the trac
 bug in `Capacity` or `QuotaLedger` shows up here instead of being trusted. `Violation.rule`:
 `over_allocation` (a GPU, share, CPU or memory given twice), `gang` (an admit that is not the
 whole gang), `topology` (a wrong or too wide level), `quota` (a team above nominal + borrowing,
-or the cohort lending more than its teams lend), `preemption`, `duration` (a run that did not
-last duration x slowdown), `liveness` (a job neither rejected nor finished at the end) and
-`lifecycle` (an event that does not fit the job's state, or time going back).
+the cohort lending more than its teams lend, or a non-preemptible job above its team's
+nominal), `preemption` (a victim the rules protect, a victim's team left below nominal, a
+reclaim by a team that would then be above its nominal, a preemptor that had not waited
+`preemption_delay_s`), `inversion` (a job preempted in a cycle that admits a lower-priority
+job of its team), `rejection` (a rejected job that could run on the empty cluster within its
+team's reach), `duration` (a run that did not last duration x slowdown), `liveness` (a job
+neither rejected nor finished at the end) and `lifecycle` (an event that does not fit the
+job's state, or time going back).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 from scheduling.cluster import CLUSTER, GPU_GROUP, NODE, Cluster
 from scheduling.policy import Policy
 from scheduling.quota import Team
-from scheduling.resources import GPU_UNIT, ZERO, Resources
+from scheduling.resources import GPU_UNIT, ZERO, Resources, gpu_request_problem
 from scheduling.simulator.trace import TraceJob
 
 __all__ = ["Violation", "audit", "audit_or_raise", "true_level"]
@@ -116,8 +121,10 @@ class _Auditor:
         self.mem = [0] * len(cluster.nodes)
         self.alloc: dict[str, list[Rep]] = {}  # job -> the replicas it holds
         self.state: dict[str, str] = {}  # job -> pending|running|held|rejected|finished
-        self.started: dict[str, tuple[float, float]] = {}  # job -> (last admit t, slowdown)
+        # job -> (last admit t, slowdown, restart seconds it pays first after a preemption)
+        self.started: dict[str, tuple[float, float, float]] = {}
         self.preemptions: dict[str, int] = {}  # job -> times preempted
+        self.since: dict[str, float] = {}  # job -> when its current wait began
         self.usage: dict[str, Resources] = dict.fromkeys(teams, ZERO)
         self.ceiling = {n: t.nominal + t.borrowing_limit for n, t in teams.items()}
         self.guaranteed = {n: (t.nominal - t.lending_limit).clamp_low() for n, t in teams.items()}
@@ -143,6 +150,7 @@ class _Auditor:
             if state is not None:
                 self.flag(job_id, "lifecycle", "submitted twice")
             self.state[job_id] = "pending"
+            self.since[job_id] = t
             return
         if state is None or job is None:
             self.flag(job_id, "lifecycle", f"{kind} of a job never submitted or not in the trace")
@@ -155,6 +163,7 @@ class _Auditor:
             return
         if kind == "reject":
             self.state[job_id] = "rejected"
+            self.check_rejection(job)
             return
         if kind in _CYCLE and self.base is None:
             self.base = {team: u.gpu for team, u in self.usage.items()}
@@ -165,6 +174,7 @@ class _Auditor:
                 self.check_duration(job)
             elif kind == "preempt":
                 self.check_preemption(job, str(ev.get("by")))
+                self.since[job_id] = t
             self.release(job, quota=True)
             self.state[job_id] = "finished" if kind == "finish" else "pending"
             delta = -_gpus(job)
@@ -195,7 +205,7 @@ class _Auditor:
         if kind == "hold":
             return delta
         level, slowdown = str(ev.get("level")), float(ev.get("slowdown", math.nan))
-        self.started[jid] = (self.t, slowdown)
+        self.started[jid] = (self.t, slowdown, float(ev.get("restart_s") or 0.0))
         if not math.isclose(slowdown, self.cluster.slowdown_of(level), rel_tol=1e-9):
             self.flag(jid, "duration", f"slowdown {slowdown:g} is not that of level {level}")
         if len(reps) == job.replicas:
@@ -203,6 +213,8 @@ class _Auditor:
             if level != true:
                 self.flag(jid, "topology", f"level {level} but the placement spans a {true}")
             limit = CLUSTER if job.topology == "any" else job.topology
+            if limit == GPU_GROUP and self.policy.placement == "topology_group_blind":
+                limit = NODE  # Kueue cannot ask for a GPU group: the best it can ask is a node
             if limit not in rank or rank[true] > rank[limit]:
                 self.flag(jid, "topology", f"spans a {true}; the job requires {job.topology}")
         return delta
@@ -287,6 +299,35 @@ class _Auditor:
         self.usage[team] = self.usage[team] + r * (sign * job.replicas)
         if sign < 0 or not self.policy.quotas:
             return
+        if not job.preemptible:
+            used = self.usage[team]
+            if self.policy.partial_gangs:
+                # A cycle logs its holds before its admissions, whatever order it decided
+                # them in: leave out the quota of gangs held now (rare: a scan is fine).
+                for jid, st in self.state.items():
+                    held = self.jobs.get(jid)
+                    if (
+                        st == "held"
+                        and held is not None
+                        and held.team == team
+                        and jid != job.job_id
+                    ):
+                        used = (
+                            used
+                            - Resources.of(
+                                held.gpus_per_replica,
+                                held.cpus_per_replica,
+                                held.memory_gb_per_replica,
+                            )
+                            * held.replicas
+                        )
+            over = used.first_excess(self.teams[team].nominal)
+            if over:
+                self.flag(
+                    job.job_id,
+                    "quota",
+                    f"non-preemptible, and team {team} is above its nominal {over}",
+                )
         over = self.usage[team].first_excess(self.ceiling[team])
         if over:
             self.flag(job.job_id, "quota", f"team {team} is above nominal + borrowing in {over}")
@@ -298,8 +339,8 @@ class _Auditor:
             self.flag(job.job_id, "quota", f"the cohort lends more {over} than its teams lend")
 
     def check_duration(self, job: TraceJob) -> None:
-        start, slowdown = self.started.pop(job.job_id)
-        ran, want = self.t - start, job.duration * slowdown
+        start, slowdown, restart = self.started.pop(job.job_id)
+        ran, want = self.t - start, (job.duration + restart) * slowdown
         if math.isclose(ran, want, rel_tol=1e-9, abs_tol=1e-6):
             return
         if self.checkpoint_s and 0 < ran < want:
@@ -310,17 +351,24 @@ class _Auditor:
         """The rules about the victim alone; the quota rule waits for the end of the cycle."""
         vid, pol, pre = victim.job_id, self.policy, self.jobs.get(by)
         ran = self.t - self.started.pop(vid)[0]
-        longest = getattr(pol, "max_victim_runtime_s", math.inf)  # a newer knob
         self.preemptions[vid] = times = self.preemptions.get(vid, 0) + 1
-        outranks = pre is None or pre.team != victim.team or pre.priority > victim.priority
+        # The guards of long work apply to priority preemption always, to reclaim until the
+        # lender's job has waited reclaim_deadline_s.
+        priority = pre is not None and pre.team == victim.team
+        waited = self.t - self.since.get(by, self.t)
+        guarded = priority or waited < pol.reclaim_deadline_s - 1e-6
         why = {
             f"policy {pol.name} does not preempt": not pol.preemption,
             "the victim is not preemptible": not victim.preemptible,
             f"it ran {ran:g}s < min_runtime_s": ran < pol.min_runtime_s - 1e-6,
-            f"it ran {ran:g}s > max_victim_runtime_s": ran > longest + 1e-6,
-            f"preempted {times} times > max_preemptions": times > pol.max_preemptions,
+            f"it ran {ran:g}s > max_victim_runtime_s": guarded
+            and ran > pol.max_victim_runtime_s + 1e-6,
+            f"preempted {times} times > max_preemptions": guarded and times > pol.max_preemptions,
             f"preemptor {by!r} is not in the trace": pre is None,
-            "same team, and the preemptor's priority is not higher": not outranks,
+            "same team, and the preemptor's priority is not higher": priority
+            and pre.priority <= victim.priority,
+            f"preemptor {by!r} waited {waited:g}s < preemption_delay_s": waited
+            < pol.preemption_delay_s - 1e-6,
         }
         for message, broken in why.items():
             if broken:
@@ -340,6 +388,7 @@ class _Auditor:
                 victims.setdefault(by, []).append(job)
             elif kind == "evict" and job.team in base:
                 base[job.team] += delta
+        lowest: dict[str, int] = {}  # per team, the lowest priority admitted in this cycle
         for kind, job, _, delta in cycle:
             if kind != "admit":
                 continue
@@ -352,9 +401,97 @@ class _Auditor:
                     left = base[v.team] / GPU_UNIT
                     self.flag(v.job_id, "preemption", f"team {v.team} left with {left:g} GPUs")
             base[job.team] = base.get(job.team, 0) + delta
+            own = self.teams[job.team].nominal.gpu if job.team in self.teams else 0
+            if any(v.team != job.team for v in mine) and base[job.team] > own:
+                held = base[job.team] / GPU_UNIT
+                self.flag(
+                    job.job_id,
+                    "preemption",
+                    f"reclaimed, but team {job.team} then holds {held:g} GPUs, above its nominal",
+                )
+            lowest[job.team] = min(lowest.get(job.team, job.priority), job.priority)
+        for kind, job, _, _ in cycle:
+            if kind == "preempt" and job.priority > lowest.get(job.team, job.priority):
+                self.flag(
+                    job.job_id,
+                    "inversion",
+                    f"preempted (priority {job.priority}) in a "
+                    f"cycle that admits team {job.team}'s priority {lowest[job.team]}",
+                )
         for by, vs in victims.items():
             for v in vs:
                 self.flag(v.job_id, "preemption", f"preemptor {by} was not admitted with it")
+
+    def check_rejection(self, job: TraceJob) -> None:
+        """A rejection must be right: the job fits no domain of its level on the empty cluster,
+        or asks more than its team can ever hold, or is malformed. Worked out here from the
+        cluster and the quotas alone, not with the engine's own admission code."""
+        if job.team not in self.teams or gpu_request_problem(job.gpus_per_replica):
+            return
+        if job.topology != "any" and job.topology not in self.cluster.rank:
+            return
+        demand = (
+            Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
+            * job.replicas
+        )
+        if self.policy.quotas:
+            team = self.teams[job.team]
+            reach = team.guaranteed + self.pool
+            reach = Resources(
+                *(
+                    min(a, b)
+                    for a, b in zip(
+                        (reach.gpu, reach.cpu, reach.mem),
+                        (
+                            self.ceiling[job.team].gpu,
+                            self.ceiling[job.team].cpu,
+                            self.ceiling[job.team].mem,
+                        ),
+                        strict=True,
+                    )
+                )
+            )
+            if not job.preemptible:
+                n = team.nominal
+                reach = Resources(
+                    min(reach.gpu, n.gpu), min(reach.cpu, n.cpu), min(reach.mem, n.mem)
+                )
+            if demand.first_excess(reach):
+                return
+        if not _fits_when_empty(self.cluster, job):
+            return
+        self.flag(
+            job.job_id,
+            "rejection",
+            "rejected, but it fits the empty cluster within its team's reach",
+        )
+
+
+def _fits_when_empty(cluster: Cluster, job: TraceJob) -> bool:
+    """Could the whole gang be placed on the empty cluster within its topology requirement?"""
+    r = Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
+    per_gpu = 1 if r.gpu >= GPU_UNIT else GPU_UNIT // r.gpu  # replicas one GPU can take
+    g = max(r.gpu // GPU_UNIT, 1)
+
+    def slots(gpus: int, node: Any) -> int:
+        s = gpus // g * (1 if r.gpu >= GPU_UNIT else per_gpu)
+        if r.cpu:
+            s = min(s, node.cpu // r.cpu)
+        if r.mem:
+            s = min(s, node.mem // r.mem)
+        return s
+
+    level = CLUSTER if job.topology == "any" else job.topology
+    if job.replicas == 1 and cluster.rank[level] > cluster.rank[NODE]:
+        level = NODE
+    if level == GPU_GROUP:
+        return any(slots(m.bit_count(), n) >= job.replicas for n in cluster.nodes for m in n.groups)
+    if level == NODE:
+        return any(slots(n.gpus, n) >= job.replicas for n in cluster.nodes)
+    return any(
+        sum(slots(cluster.nodes[i].gpus, cluster.nodes[i]) for i in nodes) >= job.replicas
+        for nodes in cluster.domains[level].values()
+    )
 
 
 def _gpus(job: TraceJob) -> int:

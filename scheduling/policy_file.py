@@ -1,0 +1,91 @@
+"""policy.yaml: an admin's scheduling policy, validated once here (pydantic).
+
+A policy file starts from a named policy (`base`, default `berth`) and sets any of its knobs;
+every knob it leaves out keeps the base's value, documented with why in `policy.Policy` and
+docs/decisions/0002 and 0003. `berth simulate --policy-file` and the store
+(`BERTH_POLICY_FILE`) read the same file, so the policy an admin compared in the simulator is
+the one that runs.
+
+    base: berth
+    name: berth-patient        # how reports call it (default: <base>-custom)
+    starvation_s: 7200         # blocked this long on placement -> its nodes are reserved
+    max_reservations: 2
+    min_runtime_s: 900         # no preemption of a job younger than this
+    preemption_delay_s: 300    # a job waits this long before it may preempt
+    max_preemptions: 1         # priority preemption only: borrowed quota is always reclaimable
+    max_victim_runtime_s: 3600 # priority preemption only
+
+Team weights for fair sharing live with the quotas, in teams.yaml (`weight`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from scheduling.config import ConfigError, explain, read_yaml
+from scheduling.policy import POLICIES, Policy
+
+Seconds = Annotated[float, Field(ge=0)]
+
+
+class PolicyFile(BaseModel):
+    """The knobs an admin may set; `None` keeps the base policy's value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base: str = "berth"
+    name: str | None = Field(default=None, min_length=1, max_length=64)
+    preemption: bool | None = None
+    min_runtime_s: Seconds | None = None
+    preemption_delay_s: Seconds | None = None
+    max_preemptions: Annotated[int, Field(ge=0)] | None = None
+    max_victim_runtime_s: Annotated[float, Field(gt=0)] | None = None
+    max_preemption_candidates: Annotated[int, Field(ge=1, le=10_000)] | None = None
+    starvation_s: Annotated[float, Field(gt=0)] | None = None  # .inf: no starvation guard
+    max_reservations: Annotated[int, Field(ge=0, le=1_000)] | None = None
+    reclaim_deadline_s: Seconds | None = None
+
+    @field_validator("base")
+    @classmethod
+    def _known_base(cls, v: str) -> str:
+        if v not in POLICIES:
+            raise ValueError(f"unknown policy {v!r}; start from one of: {', '.join(POLICIES)}")
+        return v
+
+    @field_validator("min_runtime_s", "preemption_delay_s")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError(
+                "must be a finite number of seconds; to turn preemption off, set "
+                "`preemption: false`"
+            )
+        return v
+
+    def policy(self) -> Policy:
+        changes: dict[str, Any] = {
+            k: v for k, v in self.model_dump(exclude={"base", "name"}).items() if v is not None
+        }
+        return replace(POLICIES[self.base], name=self.name or f"{self.base}-custom", **changes)
+
+
+def parse_policy(data: Any, source: str = "policy.yaml") -> Policy:
+    """A Policy from a policy file's data; ConfigError naming each field and its fix."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: must be a mapping of knobs to values, e.g. `base: berth`")
+    try:
+        return PolicyFile.model_validate(data).policy()
+    except ValidationError as e:
+        raise explain(Path(source), e) from None
+
+
+def load_policy(path: Path) -> Policy:
+    """Read and validate a policy file."""
+    return parse_policy(read_yaml(path), str(path))

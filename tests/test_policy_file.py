@@ -1,0 +1,91 @@
+"""policy.yaml: knobs an admin sets over a named policy, every mistake named with its fix."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from berth.settings import BerthSettings
+from scheduling.config import ConfigError
+from scheduling.policy import BERTH, FIFO
+from scheduling.policy_file import load_policy, parse_policy
+
+
+def test_an_empty_file_is_the_berth_policy_under_its_own_name():
+    assert parse_policy({}) == replace(BERTH, name="berth-custom")
+
+
+def test_knobs_override_the_base_and_keep_the_rest(tmp_path: Path):
+    f = tmp_path / "policy.yaml"
+    f.write_text(
+        "base: berth\nname: patient\nstarvation_s: 7200\nmax_reservations: 2\n"
+        "min_runtime_s: 900\nmax_preemptions: 0\n"
+    )
+    p = load_policy(f)
+    assert (p.name, p.starvation_s, p.max_reservations, p.min_runtime_s) == (
+        "patient",
+        7200,
+        2,
+        900,
+    )
+    assert p.max_preemptions == 0
+    assert p.preemption_delay_s == BERTH.preemption_delay_s  # not set: the base's value
+    assert p.ordering == BERTH.ordering and p.placement == BERTH.placement
+
+
+def test_infinity_turns_the_starvation_guard_off():
+    assert math.isinf(parse_policy({"starvation_s": float("inf")}).starvation_s)
+
+
+def test_a_baseline_can_be_the_base():
+    p = parse_policy({"base": "fifo"})
+    assert (p.quotas, p.strict_head_of_line, p.name) == (FIFO.quotas, True, "fifo-custom")
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "fix"),
+    [
+        ({"base": "kueue"}, "base", "start from one of: fifo"),
+        ({"starvation_s": 0}, "starvation_s", "greater than 0"),
+        ({"min_runtime_s": -1}, "min_runtime_s", "greater than or equal to 0"),
+        ({"preemption_delay_s": float("inf")}, "preemption_delay_s", "preemption: false"),
+        ({"max_reservations": 1.5}, "max_reservations", "integer"),
+        ({"starvation": 10}, "starvation", "Extra inputs are not permitted"),
+    ],
+)
+def test_each_mistake_names_its_field_and_the_fix(data: dict, field: str, fix: str):
+    with pytest.raises(ConfigError) as e:
+        parse_policy(data, "policy.yaml")
+    line = next(ln for ln in str(e.value).splitlines() if ln.strip().startswith(f"{field}:"))
+    assert fix in line
+
+
+def test_a_file_that_is_not_a_mapping_says_what_it_should_be(tmp_path: Path):
+    f = tmp_path / "policy.yaml"
+    f.write_text("- berth\n")
+    with pytest.raises(ConfigError, match="must be a mapping of knobs to values"):
+        load_policy(f)
+
+
+def test_the_store_runs_the_policy_file_it_is_given(tmp_path: Path):
+    f = tmp_path / "policy.yaml"
+    f.write_text("name: patient\nstarvation_s: 7200\n")
+    env = {"BERTH_HOME": str(tmp_path / "home"), "BERTH_POLICY_FILE": str(f)}
+    s = BerthSettings.from_env(env)
+    store = s.store()
+    try:
+        assert (store.policy.name, store.policy.starvation_s) == ("patient", 7200)
+    finally:
+        store.close()
+    assert BerthSettings.from_env({"BERTH_HOME": str(tmp_path)}).policy() == BERTH
+
+
+def test_a_bad_policy_file_is_named_before_anything_runs(tmp_path: Path):
+    f = tmp_path / "policy.yaml"
+    f.write_text("min_runtime_s: -5\n")
+    s = BerthSettings.from_env({"BERTH_HOME": str(tmp_path), "BERTH_POLICY_FILE": str(f)})
+    with pytest.raises(ConfigError, match=r"policy.yaml: 1 problem.*\n  min_runtime_s: "):
+        s.policy()
