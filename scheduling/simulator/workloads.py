@@ -1,0 +1,361 @@
+"""Seeded synthetic workloads: one family per way a scheduler can go wrong.
+
+The Philly trace has whole-GPU jobs, one priority, no CPU requests and no topology
+requirements; a scheduler can look good on it and fail where real teams differ. Each family
+here stresses one thing the trace does not:
+
+- `fractional`: a small cluster (8 nodes x 4 GPUs, 16 CPUs a node), about 40 % of jobs asking
+  for a share of one GPU, CPU requests that bind before GPUs do;
+- `gangs`: many 8-64 GPU gangs that must stay within a node, a rack or a block, on a cluster
+  with racks and blocks, among small jobs that could fill the holes;
+- `priorities`: three or four of the priorities 0-3 in every team, some jobs non-preemptible
+  (within nominal);
+- `bursty`: arrivals in on/off bursts (a quarter of the time on), each team slightly out of step;
+- `skewed`: one team holds 75 % of the nominal and arrives late; four small teams borrow
+  heavily before it comes;
+- `long-short`: heavy-tailed durations, mostly minutes, a few multi-day jobs.
+
+Every family returns a `Workload` (cluster, teams, jobs) built through the project's own
+config parsers, so a family is exactly what `berth simulate` would read. Jobs are valid for
+the engine: `admission.check_job` accepts every one of them with quotas (no family relies on
+rejects). The seed fixes everything; the seed also draws the offered load (dominant resource,
+see `offered_load`) from the family's range within 0.9-1.3, so that queues form and the
+held-out seeds do not all sit at one load.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from scheduling.cluster import Cluster
+from scheduling.config import parse_cluster, parse_teams
+from scheduling.quota import Team
+from scheduling.resources import CPU_UNIT, GPU_UNIT
+from scheduling.simulator.trace import TraceJob
+
+__all__ = ["DEFAULT_JOBS", "FAMILIES", "Family", "Workload", "build", "offered_load"]
+
+DEFAULT_JOBS = 2000
+HOUR_S = 3600.0
+DAY_S = 86_400.0
+
+
+class Workload(NamedTuple):
+    """What `berth simulate` reads: the cluster, the teams by name, the jobs by submit time."""
+
+    cluster: Cluster
+    teams: dict[str, Team]
+    jobs: list[TraceJob]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A named generator of workloads and the claim it is built to test."""
+
+    name: str
+    claim: str
+    make: Callable[[np.random.Generator, int], _Spec]
+    load: tuple[float, float]  # the offered load is drawn from this range per seed
+
+    def build(self, seed: int, jobs: int = DEFAULT_JOBS) -> Workload:
+        """The workload of `seed` with `jobs` jobs; the same seed gives the same workload."""
+        if jobs < 10:
+            raise ValueError(f"a workload needs at least 10 jobs, got {jobs}")
+        rng = np.random.default_rng([zlib.crc32(self.name.encode()), seed])
+        cluster, teams, drafts = self.make(rng, jobs)
+        return _finish(self.name, rng, cluster, teams, drafts, self.load)
+
+
+def offered_load(cluster: Cluster, jobs: Sequence[TraceJob]) -> dict[str, float]:
+    """Work asked for / capacity over the arrival span, per resource and dominant.
+
+    GPU load = sum of GPUs x duration / (cluster GPUs x span), CPU load likewise; `dominant`
+    counts each job by its larger share of the two (DRF's dominant resource), which is what
+    binds. The span runs from the first submission to the last.
+    """
+    span = max(j.submit_time for j in jobs) - min(j.submit_time for j in jobs)
+    if span <= 0:
+        return {"gpu": math.inf, "cpu": math.inf, "dominant": math.inf}
+    gpu, cpu = _shares(cluster, jobs)
+    return {
+        "gpu": float(gpu.sum() / span),
+        "cpu": float(cpu.sum() / span),
+        "dominant": float(np.maximum(gpu, cpu).sum() / span),
+    }
+
+
+def _shares(cluster: Cluster, jobs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Per job, duration x its share of the cluster's GPUs, and of its CPUs (seconds)."""
+    total = cluster.total
+    gpus, cpus = total.gpu / GPU_UNIT, total.cpu / CPU_UNIT
+    gpu = np.array([j.replicas * j.gpus_per_replica * j.duration for j in jobs]) / gpus
+    cpu = np.array([j.replicas * j.cpus_per_replica * j.duration for j in jobs])
+    return gpu, cpu / cpus if cpus else np.zeros_like(cpu)
+
+
+@dataclass
+class _Draft:
+    """A job before its submit time is known: `at` places it in [0, 1] of the span."""
+
+    at: float
+    team: str
+    replicas: int
+    gpus_per_replica: float
+    duration: float
+    priority: int = 0
+    topology: str = "any"
+    preemptible: bool = True
+    cpus_per_replica: float = 0.0
+    memory_gb_per_replica: float = 0.0
+
+
+class _Spec(NamedTuple):
+    """A family's output before the load is set: cluster.yaml and teams.yaml as data, drafts."""
+
+    cluster: dict[str, Any]
+    teams: list[dict[str, Any]]
+    drafts: list[_Draft]
+
+
+def _finish(
+    name: str,
+    rng: np.random.Generator,
+    cluster_spec: Mapping[str, Any],
+    teams_spec: list[dict[str, Any]],
+    drafts: list[_Draft],
+    load_range: tuple[float, float],
+) -> Workload:
+    """Scale the drafts' places in [0, 1] to the span that gives the drawn offered load."""
+    cluster = parse_cluster(dict(cluster_spec), f"{name}/cluster")
+    teams = parse_teams(teams_spec, f"{name}/teams")
+    work = float(np.maximum(*_shares(cluster, drafts)).sum())
+    load = float(rng.uniform(*load_range))
+    lo, hi = min(d.at for d in drafts), max(d.at for d in drafts)
+    span = work / load
+    drafts = sorted(drafts, key=lambda d: d.at)
+    jobs = [
+        TraceJob(
+            job_id=f"{name}-{i:05d}",
+            submit_time=float(round((d.at - lo) / (hi - lo) * span)),
+            team=d.team,
+            replicas=int(d.replicas),
+            gpus_per_replica=float(d.gpus_per_replica),
+            duration=float(d.duration),
+            priority=d.priority,
+            topology=d.topology,
+            preemptible=d.preemptible,
+            cpus_per_replica=float(d.cpus_per_replica),
+            memory_gb_per_replica=float(d.memory_gb_per_replica),
+        )
+        for i, d in enumerate(drafts)
+    ]
+    return Workload(cluster, teams, jobs)
+
+
+def _poisson(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n arrival places of a Poisson process, scaled to [0, 1]."""
+    times = np.cumsum(rng.exponential(1.0, n))
+    return (times - times[0]) / (times[-1] - times[0])
+
+
+def _durations(rng: np.random.Generator, n: int, median_s: float, sigma: float) -> np.ndarray:
+    """Log-normal run times in whole seconds, at least 30 s."""
+    return np.maximum(30.0, np.round(rng.lognormal(math.log(median_s), sigma, n)))
+
+
+def _pick(rng: np.random.Generator, choices: Sequence[Any], p: Sequence[float], n: int) -> list:
+    index = rng.choice(len(choices), size=n, p=np.asarray(p) / sum(p))
+    return [choices[i] for i in index]
+
+
+def _teams(nominal: Mapping[str, float], cpus: Mapping[str, float] | None = None) -> list[dict]:
+    out = []
+    for team, gpus in nominal.items():
+        quota: dict[str, float] = {"gpus": gpus}
+        if cpus is not None:
+            quota["cpus"] = cpus[team]
+        out.append({"name": team, "nominal": quota})
+    return out
+
+
+def _pool(name: str, nodes: int, **extra: Any) -> dict[str, Any]:
+    """cluster.yaml of `nodes` 8-GPU nodes (two NVLink islands) in racks of 4 nodes."""
+    pool = {"prefix": name, "count": nodes, "gpus": 8, "gpu_groups": 2, "cpus": 64,
+            "memory_gb": 512, "nodes_per_rack": 4, **extra}  # fmt: skip
+    return {"name": f"{name}-{nodes * 8}", "topology_levels": ["rack"], "node_pools": [pool]}
+
+
+# (replicas, GPUs per replica, topology)
+Shape = tuple[int, float, str]
+
+
+def _fractional(rng: np.random.Generator, n: int) -> _Spec:
+    cluster = {
+        "name": "fractional-32",
+        "node_pools": [
+            {"prefix": "f", "count": 8, "gpus": 4, "gpu_groups": 2, "cpus": 16, "memory_gb": 128}
+        ],
+    }
+    nominal = {"alpha": 12, "beta": 10, "gamma": 10}
+    cpus = {t: 4 * g for t, g in nominal.items()}  # the nodes' 4 CPUs per GPU
+    teams = _pick(rng, list(nominal), [0.4, 0.3, 0.3], n)
+    shared = rng.random(n) < 0.4
+    shares = _pick(rng, [0.25, 0.5], [0.5, 0.5], n)
+    whole = _pick(rng, [1, 2, 4], [0.6, 0.3, 0.1], n)
+    per_gpu = rng.integers(3, 7, n)  # CPUs per whole GPU: 3-6 against the nodes' 4
+    share_cpus = rng.integers(2, 5, n)  # 2-4 CPUs for a quarter or half GPU
+    durations = _durations(rng, n, 30 * 60, 1.0)
+    drafts = []
+    for i, at in enumerate(_poisson(rng, n)):
+        if shared[i]:
+            gpus, cpu, mem = shares[i], float(share_cpus[i]), 8.0
+        else:
+            gpus = whole[i]
+            cpu, mem = float(min(16, gpus * per_gpu[i])), 16.0 * gpus
+        drafts.append(_Draft(at, teams[i], 1, gpus, durations[i], cpus_per_replica=cpu,
+                             memory_gb_per_replica=mem))  # fmt: skip
+    return _Spec(cluster, _teams(nominal, cpus), drafts)
+
+
+def _gangs(rng: np.random.Generator, n: int) -> _Spec:
+    cluster = _pool("g", 32, racks_per_block=4, cpus=96)
+    cluster["topology_levels"] = ["block", "rack"]  # racks of 32 GPUs, blocks of 128
+    nominal = {"llm": 64, "vision": 64, "speech": 64, "rl": 64}
+    gangs: list[Shape] = [(2, 4, "node"), (2, 8, "rack"), (4, 4, "rack"), (4, 8, "rack"),
+                          (8, 8, "block")]  # fmt: skip
+    small: list[Shape] = [(1, 1, "any"), (1, 2, "gpu_group"), (1, 4, "gpu_group")]
+    is_gang = rng.random(n) < 0.55
+    gang_shapes = _pick(rng, gangs, [0.2, 0.3, 0.1, 0.25, 0.15], n)
+    small_shapes = _pick(rng, small, [0.6, 0.25, 0.15], n)
+    teams = _pick(rng, list(nominal), [1, 1, 1, 1], n)
+    long_runs = _durations(rng, n, 2 * HOUR_S, 1.0)
+    short_runs = _durations(rng, n, 30 * 60, 1.0)
+    drafts = []
+    for i, at in enumerate(_poisson(rng, n)):
+        replicas, gpus, topology = gang_shapes[i] if is_gang[i] else small_shapes[i]
+        duration = long_runs[i] if is_gang[i] else short_runs[i]
+        per_gpu = {"cpus_per_replica": 4.0 * gpus, "memory_gb_per_replica": 32.0 * gpus}
+        drafts.append(_Draft(at, teams[i], replicas, gpus, duration, topology=topology, **per_gpu))
+    return _Spec(cluster, _teams(nominal), drafts)
+
+
+_MIXED: list[Shape] = [(1, 1, "any"), (1, 2, "any"), (1, 4, "any"), (1, 8, "node"),
+                       (2, 8, "rack"), (4, 8, "rack")]  # fmt: skip
+_MIXED_P = [0.45, 0.15, 0.15, 0.15, 0.07, 0.03]
+
+
+def _priorities(rng: np.random.Generator, n: int) -> _Spec:
+    nominal = {"prod": 32, "research": 32, "interns": 32, "platform": 32}
+    # Each team uses every level, in its own proportions: prod runs more urgent work.
+    levels = {
+        "prod": [0.3, 0.3, 0.25, 0.15],
+        "research": [0.5, 0.3, 0.15, 0.05],
+        "interns": [0.7, 0.2, 0.1, 0.0],
+        "platform": [0.4, 0.3, 0.2, 0.1],
+    }
+    teams = _pick(rng, list(nominal), [1, 1, 1, 1], n)
+    shapes = _pick(rng, _MIXED, _MIXED_P, n)
+    pinned = rng.random(n) < 0.15
+    durations = _durations(rng, n, HOUR_S, 1.1)
+    drafts = []
+    for i, at in enumerate(_poisson(rng, n)):
+        team = teams[i]
+        replicas, gpus, topology = shapes[i]
+        priority = int(rng.choice(4, p=levels[team]))
+        # A non-preemptible job may not borrow: it must fit within its team's nominal.
+        preemptible = not (pinned[i] and replicas * gpus <= 8)
+        drafts.append(_Draft(at, team, replicas, gpus, durations[i], priority=priority,
+                             topology=topology, preemptible=preemptible))  # fmt: skip
+    return _Spec(_pool("p", 16), _teams(nominal), drafts)
+
+
+def _bursty(rng: np.random.Generator, n: int) -> _Spec:
+    nominal = {"nlp": 32, "cv": 32, "recsys": 32, "audio": 32}
+    bursts, on = 8, 0.25  # per period: on a quarter of the time, then off
+    team_names = list(nominal)
+    teams = _pick(rng, team_names, [1, 1, 1, 1], n)
+    lag = {t: rng.uniform(0.0, 0.1) for t in team_names}  # teams slightly out of step
+    shapes = _pick(rng, _MIXED, [0.6, 0.15, 0.12, 0.08, 0.04, 0.01], n)
+    durations = _durations(rng, n, HOUR_S, 1.2)
+    period = rng.integers(0, bursts, n)
+    within = rng.uniform(0.0, on, n)
+    drafts = []
+    for i in range(n):
+        at = (period[i] + lag[teams[i]] + within[i]) / bursts
+        replicas, gpus, topology = shapes[i]
+        drafts.append(_Draft(at, teams[i], replicas, gpus, durations[i], topology=topology))
+    return _Spec(_pool("b", 16), _teams(nominal), drafts)
+
+
+def _skewed(rng: np.random.Generator, n: int) -> _Spec:
+    nominal = {"core": 96, "a": 8, "b": 8, "c": 8, "d": 8}
+    small = ["a", "b", "c", "d"]
+    core = rng.random(n) < 0.3
+    small_teams = _pick(rng, small, [1, 1, 1, 1], n)
+    small_shapes = _pick(rng, _MIXED[:5], [0.5, 0.2, 0.15, 0.1, 0.05], n)
+    core_shapes = _pick(rng, _MIXED, [0.3, 0.15, 0.2, 0.2, 0.1, 0.05], n)
+    durations = _durations(rng, n, HOUR_S, 1.0)
+    # The small teams submit all along; the big team only from 40 % of the span on, so the
+    # small teams borrow its idle nominal first and it must take it back.
+    places = _poisson(rng, n)
+    late = 0.4 + 0.6 * rng.random(n)
+    drafts = []
+    for i in range(n):
+        team = "core" if core[i] else small_teams[i]
+        replicas, gpus, topology = core_shapes[i] if core[i] else small_shapes[i]
+        at = late[i] if core[i] else places[i]
+        drafts.append(_Draft(at, team, replicas, gpus, durations[i], topology=topology))
+    return _Spec(_pool("s", 16), _teams(nominal), drafts)
+
+
+def _long_short(rng: np.random.Generator, n: int) -> _Spec:
+    nominal = {"ft": 32, "pretrain": 32, "eval": 32, "data": 32}
+    long_jobs = max(2, n // 100)  # a few multi-day runs (1 %)
+    teams = _pick(rng, list(nominal), [1, 1, 1, 1], n)
+    shapes = _pick(rng, _MIXED[:4], [0.5, 0.2, 0.2, 0.1], n)
+    medium = rng.random(n) < 0.12
+    short_runs = _durations(rng, n, 5 * 60, 1.2)  # minutes, with a long log-normal tail
+    medium_runs = _durations(rng, n, 4 * HOUR_S, 0.8)
+    is_long = np.zeros(n, dtype=bool)
+    is_long[rng.choice(n, size=long_jobs, replace=False)] = True
+    long_runs = np.round(rng.uniform(2 * DAY_S, 5 * DAY_S, n))
+    long_shapes = _pick(rng, [(1, 8, "node"), (2, 8, "rack")], [0.6, 0.4], n)
+    drafts = []
+    for i, at in enumerate(_poisson(rng, n)):
+        if is_long[i]:
+            (replicas, gpus, topology), duration = long_shapes[i], long_runs[i]
+        else:
+            replicas, gpus, topology = shapes[i]
+            duration = medium_runs[i] if medium[i] else short_runs[i]
+        drafts.append(_Draft(at, teams[i], replicas, gpus, duration, topology=topology))
+    return _Spec(_pool("l", 16), _teams(nominal), drafts)
+
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family("fractional", "shares of one GPU and binding CPU requests", _fractional, (1.0, 1.3)),
+        Family("gangs", "8-64 GPU gangs held to a node, rack or block", _gangs, (0.9, 1.2)),
+        Family("priorities", "priority levels and non-preemptible jobs", _priorities, (0.95, 1.3)),
+        Family("bursty", "on/off bursts of arrivals", _bursty, (0.9, 1.2)),
+        Family(
+            "skewed", "one team with most of the nominal, heavy borrowing", _skewed, (0.95, 1.25)
+        ),
+        Family(
+            "long-short", "heavy-tailed durations, a few multi-day jobs", _long_short, (0.9, 1.2)
+        ),
+    )
+}
+
+
+def build(family: str, seed: int, jobs: int = DEFAULT_JOBS) -> Workload:
+    """`FAMILIES[family].build(seed, jobs)`; raises KeyError naming the known families."""
+    if family not in FAMILIES:
+        raise KeyError(f"unknown family {family!r}; choose one of: {', '.join(FAMILIES)}")
+    return FAMILIES[family].build(seed, jobs)
