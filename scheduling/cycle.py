@@ -92,6 +92,7 @@ class _Cycle:
         }
         self.victim_pool: VictimPool | None = None
         self.next_victim: Running | None = None  # the last failed search's next hope
+        self.searches: dict[str, int] = {}  # preemption searches per team in this cycle
         self.victims: set[str] = set()
         self.total = snap.cluster.total
         self.place = PLACERS[policy.placement]
@@ -300,6 +301,14 @@ class _Cycle:
         key = (job.team, job.priority, job.topology, job.shared, guarded)
         if job.demand.gpu >= self.no_plan.get(key, 1 << 62):
             return None
+        # A bound on the work: a team's first searches in a cycle, not one (a failed big gang
+        # then does not block the small job behind it) nor all (each costs milliseconds on a
+        # big cluster). The next cycle searches again.
+        tried = self.searches.get(job.team, 0)
+        limit = self.policy.max_preemption_searches_per_team
+        if limit and tried >= limit:
+            return None
+        self.searches[job.team] = tried + 1
         if self.victim_pool is None:
             self.victim_pool = VictimPool(
                 self.snap,

@@ -36,6 +36,7 @@ class Policy:
     gang_timeout_s: float = 300.0  # partial gangs: Kueue's waitForPodsReady timeout
     requeue_backoff_s: float = 60.0  # after a gang timeout
     max_preemption_candidates: int = 64
+    max_preemption_searches_per_team: int = 2  # per cycle; 0: no bound
     # Reclaim respects max_preemptions and max_victim_runtime_s too, until the lender's job has
     # waited this long: then any borrowed job may go, and a lender gets its nominal back within
     # max(this, preemption_delay_s + min_runtime_s). Infinite (the default) keeps long work safe

@@ -23,7 +23,7 @@ from scheduling.capacity import Capacity
 from scheduling.jobs import Job, Placement, Running
 from scheduling.placement import place_gang
 from scheduling.quota import QuotaLedger, below_nominal_after
-from scheduling.resources import ZERO, Resources
+from scheduling.resources import Resources
 from scheduling.snapshot import Snapshot
 
 Placer = Callable[[Capacity, Job], Placement | None]  # the policy's gang placement
@@ -54,8 +54,6 @@ class VictimPool:
         max_runtime_s: float = float("inf"),
     ) -> None:
         by_team: dict[str, list[Running]] = {}
-        reclaimable: dict[str, list[Running]] = {}
-        guarded: dict[str, list[Running]] = {}
         # Jobs that will pass their minimum run time later, in start order: when a search
         # fails, the cycle wakes up as the first of these that it could use becomes eligible.
         self.upcoming: list[Running] = []
@@ -63,25 +61,17 @@ class VictimPool:
         self.max_preemptions = max_preemptions
         self._queues = snap.queues  # team -> classes of pending jobs (Job.shape)
         now = snap.now
-        for r in snap.running_by_start:  # in start order: `upcoming` stays sorted
-            if not r.job.preemptible:
+        self._snap = snap
+        # Only jobs started inside the window [now - max_runtime, ...] can be within the guards.
+        for r in snap.running_by_start.irange_key(min_key=(now - max_runtime_s,)):
+            if not r.job.preemptible or r.preemptions >= max_preemptions:
+                continue
+            if now - r.start_time > max_runtime_s:
                 continue
             if r.start_time + min_runtime_s <= now:  # the same sum as the wake-up
-                reclaimable.setdefault(r.job.team, []).append(r)
-                if r.preemptions < max_preemptions and now - r.start_time <= max_runtime_s:
-                    by_team.setdefault(r.job.team, []).append(r)
-                    guarded.setdefault(r.job.team, []).append(r)
+                by_team.setdefault(r.job.team, []).append(r)
             else:
                 self.upcoming.append(r)
-        for runs in chain(reclaimable.values(), guarded.values()):
-            runs.sort(key=_LOSS)
-        # Reclaim victims: within the guards first; all of them once the lender's job has
-        # waited `reclaim_deadline_s` (Policy): the bound of the guarantee.
-        self.reclaimable = {True: guarded, False: reclaimable}
-        self.reclaimable_gpus = {
-            key: {t: sum(r.job.demand.gpu for r in rs) for t, rs in lists.items()}
-            for key, lists in self.reclaimable.items()
-        }
         self.gpus: dict[str, int] = {}
         # Per team, (priority, GPUs of its victims of lower priority): a cheap upper bound on
         # what a priority preemption can free, before any list is built.
@@ -98,6 +88,29 @@ class VictimPool:
             self.gpus[team] = total
             self.below[team] = below
         self.by_team = by_team
+        # Reclaim victims: within the guards (the priority victims) until the lender's job has
+        # waited `reclaim_deadline_s` (Policy); then every preemptible job past its minimum run
+        # time, listed only when first needed (never under an infinite deadline).
+        self.reclaimable: dict[bool, dict[str, list[Running]]] = {True: by_team}
+        self.reclaimable_gpus: dict[bool, dict[str, int]] = {True: self.gpus}
+
+    def unguard(self) -> None:
+        """List every preemptible job past its minimum run time (reclaim past the deadline)."""
+        if False in self.reclaimable:
+            return
+        everyone: dict[str, list[Running]] = {}
+        now = self._snap.now
+        for r in self._snap.running_by_start.irange_key(
+            max_key=(now - self.min_runtime_s, "\U0010ffff")
+        ):
+            if r.job.preemptible and r.start_time + self.min_runtime_s <= now:
+                everyone.setdefault(r.job.team, []).append(r)
+        for runs in everyone.values():
+            runs.sort(key=_LOSS)
+        self.reclaimable[False] = everyone
+        self.reclaimable_gpus[False] = {
+            t: sum(r.job.demand.gpu for r in rs) for t, rs in everyone.items()
+        }
 
     def gpus_below(self, team: str, priority: int) -> int:
         """GPUs of the team's victims with a priority lower than `priority`."""
@@ -210,6 +223,8 @@ def plan_preemption(
     priority it had admitted in this cycle; its jobs of a higher priority are spared, so a
     cycle never preempts a job while admitting a lower-priority job of its team."""
     spared = spared_above or {}
+    if not guarded:
+        pool.unguard()
     # First an upper bound on what the allowed victims could free: most searches end here,
     # before any list is built.
     reachable, lenders = _reachable(pool, quota, job, _reclaims(quota, job), guarded)
@@ -323,17 +338,18 @@ class _Released:
     def __init__(self, quota: QuotaLedger, preemptor_team: str) -> None:
         self._quota = quota
         self._preemptor = preemptor_team
-        self._taken: dict[str, Resources] = {}
+        self._taken: dict[str, tuple[int, int, int]] = {}
 
     def take(self, victim: Job) -> bool:
         """Count `victim` in the plan and say True, or say False (and count nothing)."""
-        team = victim.team
-        taken = self._taken.get(team, ZERO)
+        team, d = victim.team, victim.demand
+        tg, tc, tm = self._taken.get(team, (0, 0, 0))  # ints: millions of calls on a replay
         if team != self._preemptor:
-            used = self._quota.usage[team] - taken
-            if below_nominal_after(used, victim.demand, self._quota.teams[team].nominal):
+            u = self._quota.usage[team]
+            left = (u.gpu - tg, u.cpu - tc, u.mem - tm)
+            if below_nominal_after(left, d, self._quota.teams[team].nominal):
                 return False
-        self._taken[team] = taken + victim.demand
+        self._taken[team] = (tg + d.gpu, tc + d.cpu, tm + d.mem)
         return True
 
 

@@ -68,7 +68,7 @@ def cohort_pool(teams: Mapping[str, Team]) -> Resources:
     return pool
 
 
-def below_nominal_after(used: Resources, release: Resources, nominal: Resources) -> bool:
+def below_nominal_after(used: tuple[int, int, int], release: Resources, nominal: Resources) -> bool:
     """True when a team using `used` that gives up `release` ends below its nominal somewhere:
     the one rule that keeps a preemption from taking a lending team's guarantee.
 
@@ -76,11 +76,11 @@ def below_nominal_after(used: Resources, release: Resources, nominal: Resources)
     memory count only where the team is above its nominal: a team already below its nominal
     CPUs is not 'taken below' by losing more of them.
     """
-    n = nominal
+    n, (ug, uc, um) = nominal, used  # plain ints (GPU, CPU, memory): a hot path
     return (
-        (release.gpu > 0 and used.gpu - release.gpu < n.gpu)
-        or (release.cpu > 0 and used.cpu > n.cpu and used.cpu - release.cpu < n.cpu)
-        or (release.mem > 0 and used.mem > n.mem and used.mem - release.mem < n.mem)
+        (release.gpu > 0 and ug - release.gpu < n.gpu)
+        or (release.cpu > 0 and uc > n.cpu and uc - release.cpu < n.cpu)
+        or (release.mem > 0 and um > n.mem and um - release.mem < n.mem)
     )
 
 
