@@ -77,6 +77,7 @@ KUEUE_TAS = Policy(
     max_preemptions=1 << 30,
     max_victim_runtime_s=float("inf"),
     reclaim_deadline_s=0.0,
+    max_preemption_searches_per_team=1,  # only a ClusterQueue's head may preempt in a cycle
     starvation_s=float("inf"),
 )
 # A bare cluster with the default kube-scheduler: one FIFO queue with backfill (a job that does

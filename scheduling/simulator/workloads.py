@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -99,20 +99,12 @@ def _shares(cluster: Cluster, jobs: Sequence[Any]) -> tuple[np.ndarray, np.ndarr
     return gpu, cpu / cpus if cpus else np.zeros_like(cpu)
 
 
-@dataclass
-class _Draft:
-    """A job before its submit time is known: `at` places it in [0, 1] of the span."""
-
-    at: float
-    team: str
-    replicas: int
-    gpus_per_replica: float
-    duration: float
-    priority: int = 0
-    topology: str = "any"
-    preemptible: bool = True
-    cpus_per_replica: float = 0.0
-    memory_gb_per_replica: float = 0.0
+def _draft(
+    at: float, team: str, replicas: int, gpus: float, duration: float, **kw: Any
+) -> TraceJob:
+    """A job before its submit time is known: `submit_time` holds its place `at` in [0, 1] of
+    the span until the family's load sets the span (`_workload`)."""
+    return TraceJob("", at, team, replicas, gpus, duration, **kw)
 
 
 class _Spec(NamedTuple):
@@ -120,7 +112,7 @@ class _Spec(NamedTuple):
 
     cluster: dict[str, Any]
     teams: list[dict[str, Any]]
-    drafts: list[_Draft]
+    drafts: list[TraceJob]
 
 
 def _finish(
@@ -128,7 +120,7 @@ def _finish(
     rng: np.random.Generator,
     cluster_spec: Mapping[str, Any],
     teams_spec: list[dict[str, Any]],
-    drafts: list[_Draft],
+    drafts: list[TraceJob],
     load_range: tuple[float, float],
 ) -> Workload:
     """Scale the drafts' places in [0, 1] to the span that gives the drawn offered load."""
@@ -136,20 +128,17 @@ def _finish(
     teams = parse_teams(teams_spec, f"{name}/teams")
     work = float(np.maximum(*_shares(cluster, drafts)).sum())
     load = float(rng.uniform(*load_range))
-    lo, hi = min(d.at for d in drafts), max(d.at for d in drafts)
+    lo, hi = min(d.submit_time for d in drafts), max(d.submit_time for d in drafts)
     span = work / load
-    drafts = sorted(drafts, key=lambda d: d.at)
+    drafts = sorted(drafts, key=lambda d: d.submit_time)
     jobs = [
-        TraceJob(
+        replace(
+            d,
             job_id=f"{name}-{i:05d}",
-            submit_time=float(round((d.at - lo) / (hi - lo) * span)),
-            team=d.team,
+            submit_time=float(round((d.submit_time - lo) / (hi - lo) * span)),
             replicas=int(d.replicas),
             gpus_per_replica=float(d.gpus_per_replica),
             duration=float(d.duration),
-            priority=d.priority,
-            topology=d.topology,
-            preemptible=d.preemptible,
             cpus_per_replica=float(d.cpus_per_replica),
             memory_gb_per_replica=float(d.memory_gb_per_replica),
         )
@@ -218,7 +207,7 @@ def _fractional(rng: np.random.Generator, n: int) -> _Spec:
         else:
             gpus = whole[i]
             cpu, mem = float(min(16, gpus * per_gpu[i])), 16.0 * gpus
-        drafts.append(_Draft(at, teams[i], 1, gpus, durations[i], cpus_per_replica=cpu,
+        drafts.append(_draft(at, teams[i], 1, gpus, durations[i], cpus_per_replica=cpu,
                              memory_gb_per_replica=mem))  # fmt: skip
     return _Spec(cluster, _teams(nominal, cpus), drafts)
 
@@ -241,7 +230,7 @@ def _gangs(rng: np.random.Generator, n: int) -> _Spec:
         replicas, gpus, topology = gang_shapes[i] if is_gang[i] else small_shapes[i]
         duration = long_runs[i] if is_gang[i] else short_runs[i]
         per_gpu = {"cpus_per_replica": 4.0 * gpus, "memory_gb_per_replica": 32.0 * gpus}
-        drafts.append(_Draft(at, teams[i], replicas, gpus, duration, topology=topology, **per_gpu))
+        drafts.append(_draft(at, teams[i], replicas, gpus, duration, topology=topology, **per_gpu))
     return _Spec(cluster, _teams(nominal), drafts)
 
 
@@ -270,7 +259,7 @@ def _priorities(rng: np.random.Generator, n: int) -> _Spec:
         priority = int(rng.choice(4, p=levels[team]))
         # A non-preemptible job may not borrow: it must fit within its team's nominal.
         preemptible = not (pinned[i] and replicas * gpus <= 8)
-        drafts.append(_Draft(at, team, replicas, gpus, durations[i], priority=priority,
+        drafts.append(_draft(at, team, replicas, gpus, durations[i], priority=priority,
                              topology=topology, preemptible=preemptible))  # fmt: skip
     return _Spec(_pool("p", 16), _teams(nominal), drafts)
 
@@ -289,7 +278,7 @@ def _bursty(rng: np.random.Generator, n: int) -> _Spec:
     for i in range(n):
         at = (period[i] + lag[teams[i]] + within[i]) / bursts
         replicas, gpus, topology = shapes[i]
-        drafts.append(_Draft(at, teams[i], replicas, gpus, durations[i], topology=topology))
+        drafts.append(_draft(at, teams[i], replicas, gpus, durations[i], topology=topology))
     return _Spec(_pool("b", 16), _teams(nominal), drafts)
 
 
@@ -310,7 +299,7 @@ def _skewed(rng: np.random.Generator, n: int) -> _Spec:
         team = "core" if core[i] else small_teams[i]
         replicas, gpus, topology = core_shapes[i] if core[i] else small_shapes[i]
         at = late[i] if core[i] else places[i]
-        drafts.append(_Draft(at, team, replicas, gpus, durations[i], topology=topology))
+        drafts.append(_draft(at, team, replicas, gpus, durations[i], topology=topology))
     return _Spec(_pool("s", 16), _teams(nominal), drafts)
 
 
@@ -333,7 +322,7 @@ def _long_short(rng: np.random.Generator, n: int) -> _Spec:
         else:
             replicas, gpus, topology = shapes[i]
             duration = medium_runs[i] if medium[i] else short_runs[i]
-        drafts.append(_Draft(at, teams[i], replicas, gpus, duration, topology=topology))
+        drafts.append(_draft(at, teams[i], replicas, gpus, duration, topology=topology))
     return _Spec(_pool("l", 16), _teams(nominal), drafts)
 
 
