@@ -10,5 +10,5 @@ TRACE_DIR="${BERTH_PHILLY:-../shared/traces/philly}"
 .venv/bin/berth trace import philly "$TRACE_DIR" --gpus 512 --out "$OUT/inputs"
 .venv/bin/berth simulate \
   --cluster "$OUT/inputs/cluster.yaml" --teams "$OUT/inputs/teams.yaml" \
-  --trace "$OUT/inputs/jobs.csv" --compare fifo,quota-spread,berth --out "$OUT"
+  --trace "$OUT/inputs/jobs.csv" --compare fifo,quota-spread,kueue-tas,berth --out "$OUT"
 echo "report: $OUT/compare.md and $OUT/<policy>/report.md"
