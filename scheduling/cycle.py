@@ -3,8 +3,10 @@
     schedule(snapshot, policy)
       1. copy      private copies of free capacity and quota usage; the snapshot stays as it is
       2. gangs     (baseline) bind more replicas of partly bound gangs, or time them out
-      3. reserve   hide the domains reserved for starving gangs from everyone else
-      4. order     pending jobs: priority, weighted DRF across teams, FIFO within a team
+      3. reserve   hide the nodes reserved for starving gangs from everyone else (not while
+                   their holder is blocked by quota)
+      4. order     teams' heads as Kueue orders a cohort: within nominal before borrowing,
+                   then priority, then weighted DRF; inside a team priority, then FIFO
       5. nominate  per job: quota AND a placement of every replica, in one step; else a
                    preemption plan; else a reason (and, if it starves, a reservation)
       6. explain   a reason for every job left pending
@@ -293,17 +295,14 @@ class _Cycle:
         guarded = unguarded_at > self.now
         if guarded:
             self._wake(unguarded_at)
-        # Every job that may preempt searches, not only its team's first: a big gang with no
-        # plan must not keep its team's small job from reclaiming (head-of-line). The cost
-        # stays bounded: a failed search closes the job's class for the cycle, and a failed
-        # plan for a job means no plan for a bigger one of the same team, priority and
-        # topology in this cycle (victims only get fewer): those searches are skipped.
+        # A failed plan for a job means no plan for a bigger one of the same team, priority
+        # and topology in this cycle (victims only get fewer): those searches are skipped.
         key = (job.team, job.priority, job.topology, job.shared, guarded)
         if job.demand.gpu >= self.no_plan.get(key, 1 << 62):
             return None
-        # A bound on the work: a team's first searches in a cycle, not one (a failed big gang
-        # then does not block the small job behind it) nor all (each costs milliseconds on a
-        # big cluster). The next cycle searches again.
+        # A team's first searches in a cycle (max_preemption_searches_per_team): more than one,
+        # so that a big gang with no plan does not keep the small job behind it from
+        # reclaiming (head-of-line); not all, as each costs milliseconds on a big cluster.
         tried = self.searches.get(job.team, 0)
         limit = self.policy.max_preemption_searches_per_team
         if limit and tried >= limit:
