@@ -18,7 +18,8 @@ min-max, geometric mean, the fraction of cases where a policy is no worse than t
 and the distance to the oracle (avg JCT / oracle avg JCT, geometric mean).
 
 Writes bench/results/quality.json (every case's figures, machine, commit), quality.md (tables)
-and quality.png (the per-case avg JCT ratio of berth to the baseline).
+and quality.png (the per-case avg JCT ratio of berth to the baseline); `quality_report.py`
+renders the last two and the console table from the JSON's content.
 
 Run: .venv/bin/python -m bench.quality    (--quick for a small run; --help for the options)
 """
@@ -37,15 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.ticker import FormatStrFormatter
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a file
 
 from bench.common import RESULTS, ROOT, code_version, console_for_tables, machine, reference_ms
+from bench.quality_report import CANDIDATE, ORACLE, held_out_table, markdown, plot
 from scheduling.policy import get_policy
 from scheduling.simulator.metrics import ClusterInfo, TeamInfo, summarize
 from scheduling.simulator.oracle import srtf
@@ -57,10 +56,8 @@ from scheduling.simulator.workloads import FAMILIES, Workload, offered_load
 
 TRACE_DIR = ROOT.parent / "shared" / "traces" / "philly"  # where CI keeps it
 BASELINE = "kueue-tas"
-CANDIDATE = "berth"
 DEFAULT_POLICIES = "kueue-tas,berth,berth-guaranteed,quota-spread,fifo-backfill"
 BIG_JOB_GPUS = 16
-ORACLE = "oracle"
 
 
 @dataclass(frozen=True)
@@ -461,245 +458,6 @@ def _run_all(
                     results[futures[done]] = done.result()
                     progress.advance(bar)
     return results
-
-
-def _fmt(value: Any, digits: int = 3, signed: bool = False) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
-
-
-def _metric_rows(summary: dict[str, Any], baseline: str) -> list[list[str]]:
-    rows = []
-    for m in METRICS:
-        for policy, s in summary["metrics"].get(m.key, {}).items():
-            diff = m.compare == "difference"
-            digits = 4 if diff else 3
-            if diff:
-                center = f"mean {_fmt(s.get('mean'), digits, signed=True)}"
-            else:
-                zeros = s.get("zeros", 0)
-                center = _fmt(s.get("geomean")) + (f" ({zeros} zeros left out)" if zeros else "")
-            # A ratio over a baseline of 0 is undefined; the verdict still counts the case.
-            counted = f"{s['cases']}" if s["n"] == s["cases"] else f"{s['n']} of {s['cases']}"
-            rows.append(
-                [
-                    m.label,
-                    f"{policy} {'-' if diff else '/'} {baseline}",
-                    counted,
-                    _fmt(s.get("median"), digits, signed=diff),
-                    f"{_fmt(s.get('p10'), digits, signed=diff)} .. "
-                    f"{_fmt(s.get('p90'), digits, signed=diff)}",
-                    f"{_fmt(s.get('min'), digits, signed=diff)} .. "
-                    f"{_fmt(s.get('max'), digits, signed=diff)}",
-                    center,
-                    f"{s['no_worse']}/{s['cases']} ({100 * s['no_worse_fraction']:.0f} %)",
-                ]
-            )
-    return rows
-
-
-METRIC_HEADER = [
-    "metric",
-    "comparison",
-    "cases (with a ratio)",
-    "median",
-    "p10 .. p90",
-    "min .. max",
-    "geo-mean",
-    "no worse than baseline",
-]
-
-
-def held_out_table(report: dict[str, Any]) -> Table:
-    """The held-out summary as a rich table for the console."""
-    held = report["held_out"]
-    t = Table(
-        title=f"Held-out cases ({held['cases']}): each policy against "
-        f"{report['config']['baseline']}"
-    )
-    for col in METRIC_HEADER:
-        t.add_column(col, justify="left" if col in ("metric", "comparison") else "right")
-    for row in _metric_rows(held, report["config"]["baseline"]):
-        t.add_row(*row)
-    for policy, s in held["jct_over_oracle"].items():
-        t.add_row(
-            "avg JCT / SRTF oracle",
-            policy,
-            f"{s['n']}",
-            _fmt(s["median"]),
-            "",
-            f"{_fmt(s['min'])} .. {_fmt(s['max'])}",
-            _fmt(s["geomean"]),
-            "",
-        )
-    return t
-
-
-def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
-
-
-def _case_rows(records: list[dict[str, Any]], baseline: str) -> list[list[str]]:
-    rows = []
-    for r in records:
-        v = r["versus_baseline"].get(CANDIDATE, {})
-        res = r["results"]
-        load = (r.get("offered_load") or {}).get("dominant")
-        rows.append(
-            [
-                r["name"],
-                _fmt(load, 2),
-                _fmt(res[baseline].get("avg_jct_s"), 0),
-                _fmt(res.get(CANDIDATE, {}).get("avg_jct_s"), 0),
-                _fmt(res[ORACLE].get("avg_jct_s"), 0),
-                _fmt(v.get("avg_jct_s", {}).get("value")),
-                _fmt(v.get("p99_first_wait_big_s", {}).get("value")),
-                _fmt(v.get("jain_fairness", {}).get("value"), 4, signed=True),
-                f"{_fmt(res.get(CANDIDATE, {}).get('preemptions'))} / "
-                f"{_fmt(res[baseline].get('preemptions'))}",
-                _fmt(r["jct_over_oracle"].get(CANDIDATE)),
-                _fmt(r["jct_over_oracle"].get(baseline)),
-            ]
-        )
-    return rows
-
-
-def markdown(report: dict[str, Any]) -> str:
-    """quality.md: the held-out summary, the distance to the oracle, every case, the losses."""
-    cfg, base = report["config"], report["config"]["baseline"]
-    m, code = report["machine"], report["code"]
-    held = [c for c in report["cases"] if c["role"] == "held-out"]
-    tuning = [c for c in report["cases"] if c["role"] == "tuning"]
-    lines = [
-        f"# Scheduling quality: each policy against `{base}`",
-        "",
-        f"Written by `.venv/bin/python -m bench.quality{' --quick' if cfg['quick'] else ''}` at"
-        f" commit {code['commit']} (scheduling/ modified: {code['scheduling_modified']}), on"
-        f" {m['cpus_usable'] or m['cpus']} usable CPUs (load average {m['load_average_1m']}),"
-        f" in {report['wall_s']:.0f} s. Philly: {cfg['philly']['source']}; cluster sizes"
-        f" {cfg['philly']['gpus']}; families {', '.join(cfg['families'])}, seeds {cfg['seeds']},"
-        f" {cfg['family_jobs']} jobs each.",
-        "",
-        *(
-            [
-                "**scheduling/ changed while the cases ran: these figures mix two versions of the"
-                " engine; run again.**",
-                "",
-            ]
-            if report["code_changed_during_run"]
-            else []
-        ),
-        f"Ratios are policy / `{base}` (below 1 is better, except goodput), Jain fairness is a"
-        " difference (above 0 is better). Geo-mean leaves out zero ratios. 'No worse' counts"
-        " the cases where the policy is at least as good as the baseline on that metric.",
-        "",
-        f"## Held-out cases ({len(held)})",
-        "",
-        *_md_table(METRIC_HEADER, _metric_rows(report["held_out"], base)),
-        "",
-        "### Distance to the SRTF oracle (avg JCT / oracle avg JCT, held-out)",
-        "",
-        *_md_table(
-            ["policy", "cases", "geo-mean", "median", "min .. max"],
-            [
-                [
-                    p,
-                    str(s["n"]),
-                    _fmt(s["geomean"]),
-                    _fmt(s["median"]),
-                    f"{_fmt(s['min'])} .. {_fmt(s['max'])}",
-                ]
-                for p, s in report["held_out"]["jct_over_oracle"].items()
-            ],
-        ),
-        "",
-    ]
-    case_header = [
-        "case",
-        "load",
-        f"{base} avg JCT (s)",
-        f"{CANDIDATE} avg JCT (s)",
-        "oracle avg JCT (s)",
-        f"{CANDIDATE}/{base} JCT",
-        f"{CANDIDATE}/{base} p99 wait >= {BIG_JOB_GPUS} GPUs",
-        f"Jain {CANDIDATE}-{base}",
-        f"preemptions {CANDIDATE} / {base}",
-        f"{CANDIDATE}/oracle",
-        f"{base}/oracle",
-    ]
-    losses = [
-        [
-            r["name"],
-            mt.label,
-            _fmt(v["value"], 3 if mt.compare == "ratio" else 4, signed=mt.compare != "ratio"),
-            _fmt(r["results"][CANDIDATE].get(mt.key)),
-            _fmt(r["results"][base].get(mt.key)),
-        ]
-        for r in held
-        for mt in METRICS
-        if (v := r["versus_baseline"].get(CANDIDATE, {}).get(mt.key)) and v["no_worse"] is False
-    ]
-    lines += [
-        f"## Held-out cases where `{CANDIDATE}` is worse than `{base}`"
-        f" ({len(losses)} case-metrics)",
-        "",
-        *(
-            _md_table(["case", "metric", "ratio / difference", CANDIDATE, base], losses)
-            if losses
-            else ["None."]
-        ),
-        "",
-        "## Every held-out case",
-        "",
-        *_md_table(case_header, _case_rows(held, base)),
-        "",
-        f"## Tuning cases ({len(tuning)}), not in the summaries above",
-        "",
-        *(_md_table(case_header, _case_rows(tuning, base)) if tuning else ["None."]),
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def plot(report: dict[str, Any], path: Path) -> None:
-    """Per case, berth's avg JCT over the baseline's, grouped by family and cluster size."""
-    base = report["config"]["baseline"]
-    groups: dict[str, list[tuple[float, bool]]] = {}
-    for r in report["cases"]:
-        value = r["versus_baseline"].get(CANDIDATE, {}).get("avg_jct_s", {}).get("value")
-        if value:
-            groups.setdefault(r["group"], []).append((value, r["role"] == "tuning"))
-    fig = Figure(figsize=(max(6.0, 1.1 * len(groups) + 2), 4.5), layout="constrained")
-    ax = fig.add_subplot()
-    rng = np.random.default_rng(0)  # jitter only, so that points of one group do not overlap
-    for x, points in enumerate(groups.values()):
-        for value, is_tuning in points:
-            ax.scatter(
-                x + rng.uniform(-0.2, 0.2),
-                value,
-                s=30,
-                facecolors="none" if is_tuning else "tab:blue",
-                edgecolors="tab:blue",
-                label="tuning case" if is_tuning else "held-out case",
-            )
-    ax.axhline(1.0, color="black", linewidth=1)
-    names = [f"{g} ({len(points)})" for g, points in groups.items()]
-    ax.set_xticks(range(len(groups)), names, rotation=30, ha="right")
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-    ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
-    ax.set_ylabel(f"avg JCT, {CANDIDATE} / {base}")
-    ax.set_title(f"{CANDIDATE} against {base}, one point per case (below 1: {CANDIDATE} better)")
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles, strict=True))
-    if unique:
-        ax.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

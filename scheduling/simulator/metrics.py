@@ -9,7 +9,6 @@ field is defined in docs/simulator.md.
 
 from __future__ import annotations
 
-import bisect
 import copy
 import json
 import math
@@ -21,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from scheduling.simulator.deficit import NominalDeficit
+
 SMALL_JOB_GPUS = 8
-_EPS = 1e-9  # GPUs: running sums of shares drift by float rounding, not by real GPUs
 _KINDS = frozenset({"submit", "admit", "hold", "evict", "finish", "preempt", "reject"})
 
 
@@ -149,17 +149,7 @@ class _Replay:
         self.int_admit = self.int_hold = self.int_free = self.int_partial = 0.0
         self.int_partial_hold = self.lost_gpu_s = 0.0
         self.preemptions = self.evictions = self.partial_gang = self.rejected = 0
-        # Nominal deficit: per team the GPUs its pending jobs still need, as size -> count
-        # and the sizes in ascending order (few distinct sizes, so the GPUs that fit a gap
-        # are summed without a scan over jobs), the GPUs all teams use above their nominal,
-        # and the deficit rates in force.
-        self.nominal = {t.name: float(t.nominal_gpus) for t in teams}
-        self.pending_need: dict[str, dict[float, int]] = {}
-        self.pending_sizes: dict[str, list[float]] = {}
-        self.borrowed = 0.0
-        self.deficit_rate: dict[str, float] = {}
-        self.int_deficit: dict[str, float] = {}
-        self.deficit_dirty = False
+        self.deficit = NominalDeficit({t.name: float(t.nominal_gpus) for t in teams})
         self.small_admits = self.small_single = 0
         self.slowdowns: list[float] = []
         self.team_alloc: dict[str, float] = {}
@@ -181,10 +171,7 @@ class _Replay:
             self.int_partial_hold += self.partial_holding * dt
             self.int_free += (self.total - self.used) * dt
             self.int_partial += self.partial_free * dt
-            if self.deficit_dirty:
-                self._deficit_rates()
-            for team, rate in self.deficit_rate.items():
-                self.int_deficit[team] = self.int_deficit.get(team, 0.0) + rate * dt
+            self.deficit.advance(dt)
             self.now = t
         kind = ev["type"]
         if kind not in _KINDS:
@@ -205,7 +192,6 @@ class _Replay:
             self._set_need(job, job.gpus)
         elif job is None:
             raise ValueError(f"{kind!r} event for job {name!r} that was never submitted")
-        self.deficit_dirty = True
         if kind == "admit":
             self.queue -= job.state == "queued"
             job.state = "admitted"
@@ -272,55 +258,9 @@ class _Replay:
             job.wait_since = t
 
     def _set_need(self, job: _Job, need: float) -> None:
-        """Move the job's entry in its team's pending work from ``job.need`` to ``need``."""
-        if need == job.need:
-            return
-        sizes = self.pending_need.setdefault(job.team, {})
-        order = self.pending_sizes.setdefault(job.team, [])
-        if job.need:
-            left = sizes[job.need] - 1
-            if left:
-                sizes[job.need] = left
-            else:
-                del sizes[job.need]
-                order.remove(job.need)
-        if need:
-            count = sizes.get(need, 0)
-            if not count:
-                bisect.insort(order, need)
-            sizes[need] = count + 1
+        """Record that the job still needs ``need`` GPUs, in its team's pending work."""
+        self.deficit.move_need(job.team, job.need, need)
         job.need = need
-
-    def _deficit_rates(self) -> None:
-        """Each team's nominal deficit in force from now until the next event time.
-
-        min(nominal - used, GPUs of its pending jobs that each fit in nominal - used, GPUs the
-        other teams use above their nominal), where positive. A team below its nominal
-        borrows nothing, so the others' borrowing is everyone's.
-        """
-        self.deficit_dirty = False
-        self.deficit_rate = rates = {}
-        borrowed = self.borrowed
-        if borrowed <= _EPS:
-            return
-        nominal, alloc = self.nominal, self.team_alloc
-        for team, order in self.pending_sizes.items():
-            if not order:
-                continue
-            gap = nominal.get(team, 0.0) - alloc.get(team, 0.0)
-            if gap <= _EPS:
-                continue
-            cap = min(gap, borrowed)
-            sizes, fits = self.pending_need[team], 0.0
-            for size in order:
-                if size > gap + _EPS:
-                    break
-                fits += size * sizes[size]
-                if fits >= cap:  # the rest cannot raise the minimum
-                    break
-            rate = min(cap, fits)
-            if rate > _EPS:
-                rates[team] = rate
 
     def _sample(self, t: float) -> None:
         alloc = self.admitted + self.holding
@@ -354,8 +294,7 @@ class _Replay:
         now = self.now
         before = self.team_alloc.get(team, 0.0)
         self.team_alloc[team] = alloc = before + delta
-        nom = self.nominal.get(team, 0.0)
-        self.borrowed += max(alloc - nom, 0.0) - max(before - nom, 0.0)
+        self.deficit.set_allocation(team, alloc)
         if team not in self.team_pts:
             self.team_pts[team] = (array("d", [self.t0 or 0.0]), array("d", [0.0]))
         pts_t, pts_v = self.team_pts[team]
@@ -428,7 +367,7 @@ class _Replay:
         done, waited = ~np.isnan(finish), ~np.isnan(admit)
         jct, wait = finish - submit, admit - submit
         nominal = {t.name: float(t.nominal_gpus) for t in teams}
-        deficit = {name: self.int_deficit.get(name, 0.0) / 3600.0 for name in names}
+        deficit = {name: self.deficit.gpu_hours(name) for name in names}
 
         xs: list[float] = []
         rows = []

@@ -28,6 +28,8 @@ __all__ = [
     "PhillyFormatError",
     "PhillyImport",
     "PhillyImportError",
+    "check_cluster_size",
+    "cluster_yaml",
     "import_philly",
     "largest_remainder",
 ]
@@ -84,7 +86,7 @@ def import_philly(
     <= 0 are clamped to 1 s. Raises PhillyImportError for unusable options and
     PhillyFormatError for malformed source rows.
     """
-    _check_options(gpus, gpus_per_node)
+    check_cluster_size(gpus, gpus_per_node)
     src = Path(src)
     if src.is_dir():
         src = src / "philly.csv"
@@ -146,7 +148,7 @@ def import_philly(
     teams = sorted(totals, key=lambda t: (-totals[t], t))
     nominal = largest_remainder([totals[t] for t in teams], gpus)
     teams_path.write_text(_teams_yaml(src.name, gpus, teams, nominal), encoding="utf-8")
-    cluster_path.write_text(_cluster_yaml(gpus, gpus_per_node), encoding="utf-8")
+    cluster_path.write_text(cluster_yaml(gpus, gpus_per_node), encoding="utf-8")
     return PhillyImport(
         jobs=len(jobs),
         teams=len(teams),
@@ -181,7 +183,13 @@ def largest_remainder(weights: Sequence[float], total: int) -> list[int]:
     return parts
 
 
-def _check_options(gpus: int, gpus_per_node: int) -> None:
+def check_cluster_size(gpus: int, gpus_per_node: int) -> None:
+    """Check that `gpus` GPUs make whole nodes of `gpus_per_node` GPUs each.
+
+    The importer and `windows.philly_cluster` both build the cluster from these two numbers,
+    so both check them here first. Raises PhillyImportError naming the option at fault (and,
+    for `gpus`, a size that would do).
+    """
     if gpus_per_node < 1:
         raise PhillyImportError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
     if gpus < gpus_per_node or gpus % gpus_per_node:
@@ -318,7 +326,14 @@ def _teams_yaml(source: str, gpus: int, teams: list[str], nominal: list[int]) ->
     return "\n".join(out) + "\n"
 
 
-def _cluster_yaml(gpus: int, gpus_per_node: int) -> str:
+def cluster_yaml(gpus: int, gpus_per_node: int) -> str:
+    """The `cluster.yaml` text the importer writes: `gpus` GPUs in nodes of `gpus_per_node`.
+
+    V100 nodes of 64 CPUs and 512 GB, 8 nodes a rack and 4 racks a block, two NVLink islands a
+    node when the node size is even. Shared with `windows.philly_cluster`, which parses it, so
+    a replayed window runs on the very cluster the importer describes. Assumes
+    `check_cluster_size(gpus, gpus_per_node)` passed.
+    """
     if gpus_per_node % 2 == 0:
         groups, note = 2, f"two NVLink islands of {gpus_per_node // 2} GPUs"
     else:

@@ -27,7 +27,7 @@ import yaml
 from scheduling.cluster import Cluster
 from scheduling.config import parse_cluster, parse_teams
 from scheduling.quota import Team
-from scheduling.simulator.philly import _check_options, _cluster_yaml, largest_remainder
+from scheduling.simulator.philly import check_cluster_size, cluster_yaml, largest_remainder
 from scheduling.simulator.trace import TraceJob
 
 __all__ = [
@@ -87,8 +87,8 @@ class Window:
 
 def philly_cluster(gpus: int, gpus_per_node: int = 8) -> Cluster:
     """The cluster.yaml that the Philly importer writes for `gpus` GPUs, parsed."""
-    _check_options(gpus, gpus_per_node)
-    return parse_cluster(yaml.safe_load(_cluster_yaml(gpus, gpus_per_node)), f"philly-{gpus}")
+    check_cluster_size(gpus, gpus_per_node)
+    return parse_cluster(yaml.safe_load(cluster_yaml(gpus, gpus_per_node)), f"philly-{gpus}")
 
 
 def window_starts(total: int, windows: int, size: int) -> list[int]:
