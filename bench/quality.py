@@ -56,7 +56,7 @@ from scheduling.simulator.workloads import FAMILIES, Workload, offered_load
 
 TRACE_DIR = ROOT.parent / "shared" / "traces" / "philly"  # where CI keeps it
 BASELINE = "kueue-tas"
-DEFAULT_POLICIES = "kueue-tas,berth,berth-guaranteed,quota-spread,fifo-backfill"
+DEFAULT_POLICIES = "kueue-tas,berth,berth-no-deadline,quota-spread,fifo-backfill"
 BIG_JOB_GPUS = 16
 
 

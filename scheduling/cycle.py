@@ -8,7 +8,9 @@
       4. order     teams' heads as Kueue orders a cohort: within nominal before borrowing,
                    then priority, then weighted DRF; inside a team priority, then FIFO
       5. nominate  per job: quota AND a placement of every replica, in one step; else a
-                   preemption plan; else a reason (and, if it starves, a reservation)
+                   preemption plan; else a reason (and, if it starves, a reservation). Each
+                   examined job gets a `Nomination` with its status (fits, preempts,
+                   reserved, needs_preemption, blocked, skipped) and reason, in order
       6. explain   a reason for every job left pending
 
 Kueue's scheduler.schedule() tells its cycle the same way. Everything here is pure: persistence
@@ -27,9 +29,11 @@ from scheduling.decisions import (
     CycleResult,
     Evict,
     HoldUpdate,
+    Nomination,
     PendingReason,
     Preempt,
     Reason,
+    Status,
 )
 from scheduling.jobs import Job, Pending, Placement, Running
 from scheduling.ordering import Candidates
@@ -84,7 +88,6 @@ class _Cycle:
         self.failed = self.result.by_shape
         self.no_room: dict[tuple, PendingReason] = {}
         self.no_plan: dict[tuple, int] = {}
-        self.quota_held: set[str] = set()
         self.admitted_ids: set[str] = set()
         # Per team, the lowest priority admitted and the highest preempted in this cycle: no
         # job is preempted while a lower-priority job of its team is admitted (either order).
@@ -94,7 +97,7 @@ class _Cycle:
         }
         self.victim_pool: VictimPool | None = None
         self.next_victim: Running | None = None  # the last failed search's next hope
-        self.searches: dict[str, int] = {}  # preemption searches per team in this cycle
+        self.searches: dict[tuple[str, bool], int] = {}  # per (team, reclaims) in this cycle
         self.victims: set[str] = set()
         self.total = snap.cluster.total
         self.place = PLACERS[policy.placement]
@@ -166,6 +169,7 @@ class _Cycle:
                 placement = self._place(job)
                 if placement is not None:
                     self._admit(job, placement)
+                    self._nominated(job, Status.RESERVED)
 
     # -- phase 5: nominate -----------------------------------------------------------------
 
@@ -174,14 +178,17 @@ class _Cycle:
         if job.id in self.admitted_ids:
             return  # a reservation holder, admitted in phase 3
         if pending.not_before > self.now:
-            self.result.pending[job.id] = PendingReason(
+            reason = PendingReason(
                 Reason.BACKOFF,
                 f"requeued after a gang timeout; next try at t={pending.not_before:g}",
             )
+            self.result.pending[job.id] = reason
+            self._nominated(job, Status.SKIPPED, reason)
             self._wake(pending.not_before)
             return
         self.result.examined += 1
-        reason = self._admit_or_explain(pending, candidates)
+        status, reason = self._admit_or_explain(pending, candidates)
+        self._nominated(job, status, reason)
         if reason is None:
             candidates.changed(job.team)
             return
@@ -195,30 +202,20 @@ class _Cycle:
         self.failed[(job.team, job.shape)] = reason
         candidates.close_class(job.team, job.shape)
         starves_at = pending.since + self.policy.starvation_s
-        if starves_at > self.now:
-            # The starvation guard will look at it again then; it has nothing to offer a job
-            # that waits for borrowed quota (see below), and a finish in its team, which may
-            # change that, runs a cycle anyway.
-            if reason.code != Reason.QUOTA or not self.borrows(pending):
-                self._wake(starves_at)
-        elif (
-            reason.code == Reason.QUOTA
-            and job.id not in self.quota_held
-            and not self.borrows(pending)
-        ):
-            # Hold the starving job's quota for the rest of the cycle: its team's later jobs
-            # may only use what it does not need, so as the team's running jobs finish, room
-            # for it builds up instead of being taken by smaller jobs behind it. Only for a
-            # job within its nominal: holding borrowed quota would block every team's
-            # borrowing for a job that borrowing may never serve.
-            self.quota_held.add(job.id)
-            self.quota.add(job.team, job.demand)
+        if starves_at > self.now and reason.code != Reason.QUOTA:
+            # The starvation guard (a reservation) will look at it again then. It has nothing
+            # for a job that waits on quota: within its nominal, reclaim's bound serves it;
+            # borrowing, it has no claim. A finish, which may change that, runs a cycle.
+            self._wake(starves_at)
 
-    def _admit_or_explain(self, pending: Pending, candidates: Candidates) -> PendingReason | None:
+    def _admit_or_explain(
+        self, pending: Pending, candidates: Candidates
+    ) -> tuple[Status, PendingReason | None]:
+        """Admit the job (with a preemption plan if it needs one), or say why it waits."""
         job = pending.job
         ceiling = self.preempted_ceiling.get(job.team)
         if ceiling is not None and job.priority < ceiling:
-            return PendingReason(
+            return Status.SKIPPED, PendingReason(
                 Reason.BEHIND,
                 f"a job of team {job.team} with priority {ceiling} was preempted just now; it "
                 "goes back to the queue first",
@@ -229,24 +226,28 @@ class _Cycle:
         if problem is None:
             if self.policy.partial_gangs:
                 self._admit_partially(job)
-                return None
+                return Status.FITS, None
             reason = self._place_or_explain(job)
             if reason is None:
-                return None
+                return Status.FITS, None
         else:
             reason = _quota(job, problem)
         self.next_victim = None
         allowed_at = self._may_preempt(pending)
+        status = Status.BLOCKED if allowed_at is None else Status.NEEDS_PREEMPTION
         if allowed_at is not None and allowed_at <= self.now:
             plan = self._plan_preemption(pending)
             if plan is not None:
                 self._admit_with_preemption(job, plan, candidates)
-                return None
+                return Status.PREEMPTS, None
         if reason.code == Reason.NO_PLACEMENT:
             self._maybe_reserve(pending)
         elif problem is not None and allowed_at is not None and self._reclaims(job):
-            return self._reclaim_reason(job, problem, allowed_at)
-        return reason
+            return status, self._reclaim_reason(job, problem, allowed_at)
+        return status, reason
+
+    def _nominated(self, job: Job, status: Status, reason: PendingReason | None = None) -> None:
+        self.result.nominations.append(Nomination(job.id, job.team, status, reason))
 
     def _may_preempt(self, pending: Pending) -> float | None:
         """When the job may preempt: now or later (its preemption delay); None: never as
@@ -300,14 +301,21 @@ class _Cycle:
         key = (job.team, job.priority, job.topology, job.shared, guarded)
         if job.demand.gpu >= self.no_plan.get(key, 1 << 62):
             return None
-        # A team's first searches in a cycle (max_preemption_searches_per_team): more than one,
-        # so that a big gang with no plan does not keep the small job behind it from
-        # reclaiming (head-of-line); not all, as each costs milliseconds on a big cluster.
-        tried = self.searches.get(job.team, 0)
-        limit = self.policy.max_preemption_searches_per_team
+        # Priority preemption: a team's first searches in a cycle
+        # (max_preemption_searches_per_team), as each costs milliseconds on a big cluster.
+        # Reclaim: as many as its jobs within nominal need (reclaim_searches_per_team, 0 in
+        # berth), or a job with no plan would keep the small one behind it from its nominal;
+        # the skip above keeps their number to the team's distinct (priority, topology).
+        reclaims = self._reclaims(job)
+        budget = (job.team, reclaims)
+        tried = self.searches.get(budget, 0)
+        if reclaims:
+            limit = self.policy.reclaim_searches_per_team
+        else:
+            limit = self.policy.max_preemption_searches_per_team
         if limit and tried >= limit:
             return None
-        self.searches[job.team] = tried + 1
+        self.searches[budget] = tried + 1
         if self.victim_pool is None:
             self.victim_pool = VictimPool(
                 self.snap,

@@ -25,6 +25,27 @@ class PendingReason:
     resource: str | None = None  # for quota: gpus | cpus | memory_gb
 
 
+class Status(StrEnum):
+    """What nominating a job concluded in one cycle (Kueue's entry status, told for each)."""
+
+    FITS = "fits"  # quota and a placement now: admitted
+    PREEMPTS = "preempts"  # admitted with a preemption plan: its victims stop first
+    RESERVED = "reserved"  # admitted on the nodes reserved for it (it had starved)
+    NEEDS_PREEMPTION = "needs_preemption"  # blocked; may preempt, but not now (delay, no plan)
+    BLOCKED = "blocked"  # blocked by quota or placement; no preemption could help now
+    SKIPPED = "skipped"  # not tried in this cycle (backoff; its team's preempted job first)
+
+
+@dataclass(frozen=True, slots=True)
+class Nomination:
+    """One examined job of a cycle, in the order the cycle examined them."""
+
+    job_id: str
+    team: str
+    status: Status
+    reason: PendingReason | None = None  # why it still waits (None when admitted)
+
+
 @dataclass(frozen=True, slots=True)
 class Admit:
     """Start `job` on `placement`; `preempts` must be stopped first."""
@@ -76,6 +97,7 @@ class CycleResult:
     evicted: list[Evict] = field(default_factory=list)
     reservations: dict[str, Reservation] = field(default_factory=dict)
     pending: dict[str, PendingReason] = field(default_factory=dict)  # jobs examined
+    nominations: list[Nomination] = field(default_factory=list)  # every examined job, in order
     by_shape: dict[tuple, PendingReason] = field(default_factory=dict)  # (team, shape) failures
     tail: dict[str, PendingReason] = field(default_factory=dict)  # per team, for the rest
     next_wakeup: float | None = None  # a time-based change (timeout, backoff) is due then

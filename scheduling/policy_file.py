@@ -47,6 +47,7 @@ class PolicyFile(BaseModel):
     max_victim_runtime_s: Annotated[float, Field(gt=0)] | None = None
     max_preemption_candidates: Annotated[int, Field(ge=1, le=10_000)] | None = None
     max_preemption_searches_per_team: Annotated[int, Field(ge=0, le=10_000)] | None = None
+    reclaim_searches_per_team: Annotated[int, Field(ge=0, le=10_000)] | None = None
     starvation_s: Annotated[float, Field(gt=0)] | None = None  # .inf: no starvation guard
     max_reservations: Annotated[int, Field(ge=0, le=1_000)] | None = None
     reclaim_deadline_s: Seconds | None = None

@@ -146,3 +146,28 @@ def test_a_submit_that_a_cycle_already_settles_needs_no_new_cycle():
     res = w.cycle(0)
     assert res.settles(job("z", gpus=4))  # same class as y, which just failed
     assert not res.settles(job("z", gpus=1))
+
+
+def _statuses(res) -> list[tuple[str, str]]:
+    return [(n.job_id, n.status.value) for n in res.nominations]
+
+
+def test_every_examined_job_gets_a_nomination_with_its_status_in_order():
+    pol = policy(min_runtime_s=100, preemption_delay_s=50)
+    w = World(cluster(nodes=1, gpus=4), teams(a=2, b=2), pol)
+    w.submit(job("b1", "b", gpus=2), at=0)
+    assert _statuses(w.cycle(0)) == [("b1", "fits")]
+    w.submit(job("b2", "b", gpus=2), at=5)
+    assert _statuses(w.cycle(5)) == [("b2", "fits")]  # it borrows a's 2 GPUs
+    # a1 fits a's nominal: it may reclaim b2, after its preemption delay. a-big would take a
+    # above its nominal and a has nothing of lower priority running: preemption cannot help.
+    w.submit(job("a1", "a", gpus=2), job("a-big", "a", gpus=4), at=10)
+    res = w.cycle(10)
+    assert _statuses(res) == [("a1", "needs_preemption"), ("a-big", "blocked")]
+    a1 = res.nominations[0].reason
+    assert a1 is not None and a1.code == Reason.QUOTA and "may reclaim from t=60" in a1.message
+    res = w.cycle(200)
+    assert _statuses(res)[0] == ("a1", "preempts")
+    # The most recently started borrowed job: the least work lost.
+    assert res.nominations[0].reason is None and res.preempted[0].job_id == "b2"
+    assert {n.job_id: n.reason for n in res.nominations if n.reason} == res.pending

@@ -5,15 +5,19 @@ reservations released when quota blocks their holder, and CPUs and memory checke
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from builders import World, admitted, cluster, job, policy, teams
 
 from scheduling.decisions import Admit, CycleResult, Reason
 from scheduling.jobs import Placement, ReplicaPlacement
+from scheduling.policy import POLICIES
 from scheduling.state import StateError
 
 QUICK = policy("berth", min_runtime_s=100, preemption_delay_s=50)
 GUARANTEED = policy("berth", min_runtime_s=100, preemption_delay_s=50, reclaim_deadline_s=500)
+NO_DEADLINE = policy("berth-no-deadline", min_runtime_s=100, preemption_delay_s=50)
 
 
 def test_another_teams_guarantee_goes_before_a_borrowers_priority():
@@ -58,8 +62,15 @@ def test_a_lender_reclaims_from_a_long_runner_once_its_deadline_has_passed():
     assert admitted(res) == ["a1"]
 
 
+def test_berth_bounds_a_lenders_wait_by_default():
+    assert QUICK.reclaim_bound_s == max(3600.0, 50.0) + 100.0
+    assert POLICIES["berth"].reclaim_bound_s < float("inf")
+    assert POLICIES["kueue-tas"].reclaim_bound_s == float("inf")  # only a head may preempt
+
+
 def test_without_a_deadline_long_work_is_safe_from_reclaim():
-    w = borrowed_for_long()  # QUICK: berth's default, reclaim_deadline_s infinite
+    w = borrowed_for_long(NO_DEADLINE)  # reclaim_deadline_s infinite: no bound
+    assert NO_DEADLINE.reclaim_bound_s == float("inf")
     w.submit(job("a1", "a", gpus=4), at=86_400.0)
     assert w.cycle(10 * 86_400.0).preempted == []
 
@@ -92,6 +103,29 @@ def test_reclaim_is_not_head_of_line():
     assert admitted(res) == ["a-small"]
     assert [p.by for p in res.preempted] == ["a-small"]
     assert w.state.quota.usage["b"].gpu == 4000  # b is back at its nominal, not below
+
+
+def _three_failing_heads(pol) -> CycleResult:
+    """Three of a's heads (4 GPUs, priorities 3, 2, 1) find no plan: each node keeps a GPU of
+    c, which is within its nominal. a-three, fourth in a's order, could reclaim one of b's
+    borrowed 3-GPU jobs. The cycle after everyone's delays and minimum run times."""
+    w = World(cluster(nodes=2, gpus=4, groups=1), teams(a=4, b=2, c=2), pol)
+    w.submit(job("b0", "b", gpus=3), job("b1", "b", gpus=3), at=0).cycle(0)
+    w.submit(job("c0", "c", gpus=1), job("c1", "c", gpus=1), at=0).cycle(0)
+    assert len(w.running()) == 4
+    heads = [job(f"a-four-{p}", "a", gpus=4, priority=p) for p in (3, 2, 1)]
+    w.submit(*heads, job("a-three", "a", gpus=3), at=1)
+    return w.cycle(1000)
+
+
+def test_reclaim_searches_are_not_bounded_per_team():
+    assert QUICK.reclaim_searches_per_team == 0
+    res = _three_failing_heads(QUICK)
+    assert admitted(res) == ["a-three"]
+    assert len(res.preempted) == 1 and res.preempted[0].job_id in {"b0", "b1"}
+    # A bound on reclaim searches per team (Kueue lets only the head preempt) would leave
+    # a-three waiting, cycle after cycle.
+    assert _three_failing_heads(replace(QUICK, reclaim_searches_per_team=2)).preempted == []
 
 
 def test_no_job_is_preempted_while_a_lower_priority_job_of_its_team_is_admitted():

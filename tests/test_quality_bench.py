@@ -13,7 +13,7 @@ from shared_data import philly_dir
 
 from bench import quality
 
-POLICIES = ["kueue-tas", "berth", "berth-guaranteed", "quota-spread", "fifo-backfill"]
+POLICIES = ["kueue-tas", "berth", "berth-no-deadline", "quota-spread", "fifo-backfill"]
 
 
 def quiet() -> Console:
