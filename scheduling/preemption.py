@@ -64,14 +64,16 @@ class VictimPool:
         self._snap = snap
         # Only jobs started inside the window [now - max_runtime, ...] can be within the guards.
         for r in snap.running_by_start.irange_key(min_key=(now - max_runtime_s,)):
-            if not r.job.preemptible or r.preemptions >= max_preemptions:
+            if not r.job.preemptible:
                 continue
-            if now - r.start_time > max_runtime_s:
-                continue
-            if r.start_time + min_runtime_s <= now:  # the same sum as the wake-up
-                by_team.setdefault(r.job.team, []).append(r)
-            else:
+            if r.start_time + min_runtime_s > now:  # the same sum as the wake-up
+                # Whatever its preemptions: past a lender's reclaim deadline the guards no
+                # longer spare it, so its minimum run time is a moment to wake up for.
                 self.upcoming.append(r)
+                continue
+            if r.preemptions >= max_preemptions or now - r.start_time > max_runtime_s:
+                continue
+            by_team.setdefault(r.job.team, []).append(r)
         self.gpus: dict[str, int] = {}
         # Per team, (priority, GPUs of its victims of lower priority): a cheap upper bound on
         # what a priority preemption can free, before any list is built.
