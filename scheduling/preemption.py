@@ -14,7 +14,7 @@ preempted that the preemptor does not need gone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
@@ -93,12 +93,17 @@ class VictimPool:
         # Reclaim victims: within the guards (the priority victims) until the lender's job has
         # waited `reclaim_deadline_s` (Policy); then every preemptible job past its minimum run
         # time, listed only when first needed (never under an infinite deadline).
-        self.reclaimable: dict[bool, dict[str, list[Running]]] = {True: by_team}
-        self.reclaimable_gpus: dict[bool, dict[str, int]] = {True: self.gpus}
+        self.reclaimable: dict[bool, Mapping[str, Sequence[Running]]] = {True: by_team}
+        self.reclaimable_gpus: dict[bool, Mapping[str, int]] = {True: self.gpus}
 
     def unguard(self) -> None:
         """List every preemptible job past its minimum run time (reclaim past the deadline)."""
         if False in self.reclaimable:
+            return
+        snap = self._snap
+        if self.min_runtime_s <= 0:  # every preemptible job: the state keeps them by team
+            self.reclaimable[False] = snap.preemptible_by_team  # read only
+            self.reclaimable_gpus[False] = snap.preemptible_gpus
             return
         everyone: dict[str, list[Running]] = {}
         now = self._snap.now
@@ -264,6 +269,7 @@ def _plan_on_one_node(
     that make room; then the node whose victims cost least (priority, GPUs, count)."""
     need = job.whole_gpus
     by_node: dict[int, list[tuple[Running, int]]] = {}
+    freeable: dict[int, int] = {}  # node -> GPUs all its candidates hold
     for r in candidates:
         if r.shares_gpu:
             continue  # freeing a share may not free a whole GPU; the greedy search handles it
@@ -271,12 +277,14 @@ def _plan_on_one_node(
             entry = by_node.get(n)
             if entry is None:
                 by_node[n] = [(r, k)]
+                freeable[n] = k
             else:
                 entry.append((r, k))
+                freeable[n] += k
     options: list[tuple[tuple, list[Running]]] = []
     for node, victims in by_node.items():
         free = cap.free_gpus(node)
-        if free + sum(k for _, k in victims) < need or not cap.usable(node):
+        if free + freeable[node] < need or not cap.usable(node):
             continue  # even every victim here would not free enough
         cpu, mem = cap.free_cpu[node], cap.free_mem[node]
         released = _Released(quota, job.team)

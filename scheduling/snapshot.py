@@ -30,6 +30,8 @@ class Snapshot:
     running: Mapping[str, Running]
     running_priorities: Mapping[str, Counter]  # team -> Counter of its running jobs' priorities
     running_by_start: SortedKeyList  # Running, by (start_time, job id)
+    preemptible_by_team: Mapping[str, SortedKeyList]  # team -> Running, by Running.loss
+    preemptible_gpus: Mapping[str, int]  # team -> GPUs (milli) of those
     queues: Mapping[str, Mapping[tuple, SortedKeyList]]  # team -> Job.shape -> Pending, FIFO
     pending: Mapping[str, Pending]  # job id -> Pending
     holds: Mapping[str, Hold]

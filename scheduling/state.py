@@ -36,6 +36,10 @@ def _started(r: Running) -> tuple:
     return (r.start_time, r.job.id)
 
 
+def _loss(r: Running) -> tuple:
+    return r.loss
+
+
 class EngineState:
     """Running jobs, queues, free capacity and quota usage, kept in step."""
 
@@ -48,6 +52,10 @@ class EngineState:
         self.running: dict[str, Running] = {}
         self.running_priorities: dict[str, Counter] = {t: Counter() for t in teams}
         self.running_by_start = SortedKeyList(key=_started)  # for the preemption victim pool
+        # Per team, its preemptible running jobs, cheapest losses first, and their GPUs (milli):
+        # reclaim past a lender's deadline takes from these without a scan of every job.
+        self.preemptible_by_team: dict[str, SortedKeyList] = {}
+        self.preemptible_gpus: dict[str, int] = {}
         self.pending: dict[str, Pending] = {}
         # team -> class of identical jobs (Job.shape) -> its pending jobs in queue order
         self.queues: dict[str, dict[tuple, SortedKeyList]] = {t: {} for t in teams}
@@ -72,7 +80,7 @@ class EngineState:
         run = self.running.pop(job_id, None)
         if run is None:
             raise StateError(f"job {job_id} is not running")
-        self.running_by_start.remove(run)
+        self._unindex(run)
         self._release(run.job, run.placement)
         self._origin.pop(job_id, None)
         self.preemptions.pop(job_id, None)
@@ -116,8 +124,7 @@ class EngineState:
         self.quota.add(job.team, job.demand)
         run = Running(job, placement, start_time, preemptions)
         self.running[job.id] = run
-        self.running_by_start.add(run)
-        self.running_priorities[job.team][job.priority] += 1
+        self._index(run)
         self._origin[job.id] = Pending(job, enqueued, seq)
         self._seq = max(self._seq, seq)
         return run
@@ -158,6 +165,8 @@ class EngineState:
             running=self.running,
             running_priorities=self.running_priorities,
             running_by_start=self.running_by_start,
+            preemptible_by_team=self.preemptible_by_team,
+            preemptible_gpus=self.preemptible_gpus,
             queues=self.queues,
             pending=self.pending,
             holds=self.holds,
@@ -179,7 +188,7 @@ class EngineState:
             run = self.running.pop(pre.job_id, None)
             if run is None:
                 raise StateError(f"cannot preempt {pre.job_id}: it is not running")
-            self.running_by_start.remove(run)
+            self._unindex(run)
             self._release(run.job, run.placement)
             self.preemptions[pre.job_id] = run.preemptions + 1
             team, prio = run.job.team, run.job.priority
@@ -203,8 +212,7 @@ class EngineState:
                 self.quota.add(job.team, job.demand)
             run = Running(job, adm.placement, now, self.preemptions.get(job.id, 0))
             self.running[job.id] = run
-            self.running_by_start.add(run)
-            self.running_priorities[job.team][job.priority] += 1
+            self._index(run)
         self.reservations = dict(result.reservations)
 
     # -- internals --------------------------------------------------------------------------
@@ -222,6 +230,25 @@ class EngineState:
             raise StateError(f"hold update for {job.id} drops replicas already bound")
         self.capacity.take_placement(bound[len(already) :], job.cpu, job.mem)
         self.holds[job.id] = Hold(job, tuple(bound), since)
+
+    def _index(self, run: Running) -> None:
+        job = run.job
+        self.running_by_start.add(run)
+        self.running_priorities[job.team][job.priority] += 1
+        if job.preemptible:
+            runs = self.preemptible_by_team.get(job.team)
+            if runs is None:
+                runs = self.preemptible_by_team[job.team] = SortedKeyList(key=_loss)
+            runs.add(run)
+            gpus = self.preemptible_gpus.get(job.team, 0)
+            self.preemptible_gpus[job.team] = gpus + job.demand.gpu
+
+    def _unindex(self, run: Running) -> None:
+        job = run.job
+        self.running_by_start.remove(run)
+        if job.preemptible:
+            self.preemptible_by_team[job.team].remove(run)
+            self.preemptible_gpus[job.team] -= job.demand.gpu
 
     def _release(self, job: Job, placement: Placement) -> None:
         """A running job stops (finish, preemption, cancel)."""

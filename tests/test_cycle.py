@@ -171,3 +171,26 @@ def test_every_examined_job_gets_a_nomination_with_its_status_in_order():
     # The most recently started borrowed job: the least work lost.
     assert res.nominations[0].reason is None and res.preempted[0].job_id == "b2"
     assert {n.job_id: n.reason for n in res.nominations if n.reason} == res.pending
+
+
+def test_the_state_keeps_each_teams_preemptible_jobs_in_loss_order():
+    """The index reclaim past a deadline reads (no scan of every running job): after
+    admissions, a preemption and finishes it equals what a scan would give."""
+    w = World(cluster(nodes=2, gpus=4), teams(a=4, b=4), policy(preemption_delay_s=0))
+    w.submit(job("b-fixed", "b", gpus=1, preemptible=False), at=0).cycle(0)
+    w.submit(job("b1", "b", gpus=2), job("b2", "b", gpus=2, priority=1), at=1).cycle(1)
+    w.submit(job("b3", "b", gpus=2), at=5).cycle(5)
+    w.submit(job("a1", "a", gpus=2), job("a2", "a", gpus=2), at=10)
+    assert w.cycle(10).preempted  # a reclaims from b
+    w.finish("b2")
+    state = w.state
+    for team in ("a", "b"):
+        scan = sorted(
+            (r for r in state.running.values() if r.job.team == team and r.job.preemptible),
+            key=lambda r: r.loss,
+        )
+        assert list(state.preemptible_by_team.get(team, ())) == scan
+        assert state.preemptible_gpus.get(team, 0) == sum(r.job.demand.gpu for r in scan)
+    assert "b-fixed" in state.running and "b-fixed" not in {
+        r.job.id for r in state.preemptible_by_team["b"]
+    }
