@@ -87,7 +87,7 @@ class _Cycle:
         self.result = CycleResult(snap.now)
         self.failed = self.result.by_shape
         self.no_room: dict[tuple, PendingReason] = {}
-        self.no_plan: dict[tuple, int] = {}
+        self.no_plan: dict[tuple, list[tuple[int, int, int]]] = {}  # key -> failed shapes
         self.admitted_ids: set[str] = set()
         # Per team, the lowest priority admitted and the highest preempted in this cycle: no
         # job is preempted while a lower-priority job of its team is admitted (either order).
@@ -296,10 +296,13 @@ class _Cycle:
         guarded = unguarded_at > self.now
         if guarded:
             self._wake(unguarded_at)
-        # A failed plan for a job means no plan for a bigger one of the same team, priority
-        # and topology in this cycle (victims only get fewer): those searches are skipped.
-        key = (job.team, job.priority, job.topology, job.shared, guarded)
-        if job.demand.gpu >= self.no_plan.get(key, 1 << 62):
+        # A failed plan for a job means no plan for one of the same team, priority, topology
+        # and replicas that needs as much of every resource or more per replica, in this
+        # cycle (victims only get fewer): those searches are skipped.
+        key = (job.team, job.priority, job.topology, job.shared, guarded, job.replicas)
+        if any(
+            job.gpu >= g and job.cpu >= c and job.mem >= m for g, c, m in self.no_plan.get(key, ())
+        ):
             return None
         # Priority preemption: a team's first searches in a cycle
         # (max_preemption_searches_per_team), as each costs milliseconds on a big cluster.
@@ -335,7 +338,7 @@ class _Cycle:
             guarded=guarded,
         )
         if plan is None:
-            self.no_plan[key] = min(job.demand.gpu, self.no_plan.get(key, 1 << 62))
+            self.no_plan.setdefault(key, []).append((job.gpu, job.cpu, job.mem))
             self.next_victim = self.victim_pool.next_eligible(self.cap, self.quota, job.team)
             if self.next_victim is not None:  # more victims may be allowed then
                 self._wake(self.next_victim.start_time + self.policy.min_runtime_s)

@@ -268,38 +268,27 @@ def _plan_on_one_node(
     """A single-replica job needs room on one node: for each node, the cheapest victims there
     that make room; then the node whose victims cost least (priority, GPUs, count)."""
     need = job.whole_gpus
-    by_node: dict[int, list[tuple[Running, int]]] = {}
+    by_node: dict[int, list[tuple[Running, int, int]]] = {}  # node -> (victim, GPUs, replicas)
     freeable: dict[int, int] = {}  # node -> GPUs all its candidates hold
     for r in candidates:
         if r.shares_gpu:
             continue  # freeing a share may not free a whole GPU; the greedy search handles it
         for n, k in r.gpus_by_node:
+            reps = sum(1 for rep in r.placement.replicas if rep.node == n)
             entry = by_node.get(n)
             if entry is None:
-                by_node[n] = [(r, k)]
+                by_node[n] = [(r, k, reps)]
                 freeable[n] = k
             else:
-                entry.append((r, k))
+                entry.append((r, k, reps))
                 freeable[n] += k
     options: list[tuple[tuple, list[Running]]] = []
     for node, victims in by_node.items():
         free = cap.free_gpus(node)
         if free + freeable[node] < need or not cap.usable(node):
             continue  # even every victim here would not free enough
-        cpu, mem = cap.free_cpu[node], cap.free_mem[node]
-        released = _Released(quota, job.team)
-        chosen: list[Running] = []
-        for v, k in victims:
-            if free >= need and cpu >= job.cpu and mem >= job.mem:
-                break
-            vj = v.job
-            if not released.take(vj):
-                continue
-            chosen.append(v)
-            free += k
-            cpu += vj.cpu
-            mem += vj.mem
-        if not chosen or free < need or cpu < job.cpu or mem < job.mem:
+        chosen = _room_on(node, victims, cap, quota, job)
+        if chosen is None:
             continue
         cost = (
             max(v.job.priority for v in chosen),
@@ -328,6 +317,46 @@ def _plan_on_one_node(
         placement = place(trial_cap, job)
         if placement is not None:
             return PreemptionPlan(placement, tuple(chosen))
+    return None
+
+
+def _room_on(
+    node: int,
+    victims: list[tuple[Running, int, int]],
+    cap: Capacity,
+    quota: QuotaLedger,
+    job: Job,
+) -> list[Running] | None:
+    """The cheapest victims on `node` (loss order) that make room there for one replica of
+    `job`, each victim's team kept at its nominal; else the cheapest single victim that does
+    (taking cheap victims first may spend a team's margin above nominal on one that barely
+    helps, and refuse the one that alone would do); else None."""
+    need = job.whole_gpus
+    base = (cap.free_gpus(node), cap.free_cpu[node], cap.free_mem[node])
+
+    def fits(free: int, cpu: int, mem: int) -> bool:
+        return free >= need and cpu >= job.cpu and mem >= job.mem
+
+    free, cpu, mem = base
+    released = _Released(quota, job.team)
+    chosen: list[Running] = []
+    for v, k, reps in victims:
+        if fits(free, cpu, mem):
+            break
+        vj = v.job
+        if not released.take(vj):
+            continue
+        chosen.append(v)
+        free += k
+        cpu += vj.cpu * reps  # per replica: a victim may have several on this node
+        mem += vj.mem * reps
+    if chosen and fits(free, cpu, mem):
+        return chosen
+    for v, k, reps in victims:
+        vj = v.job
+        alone = fits(base[0] + k, base[1] + vj.cpu * reps, base[2] + vj.mem * reps)
+        if alone and _Released(quota, job.team).take(vj):
+            return [v]
     return None
 
 
@@ -363,7 +392,37 @@ class _Released:
         return True
 
 
+_SINGLE_TRIES = 8  # single victims tried after the prefix search fails (each clones state)
+
+
 def _plan_greedy(
+    candidates: list[Running], cap: Capacity, quota: QuotaLedger, job: Job, place: Placer
+) -> PreemptionPlan | None:
+    """The prefix plan; else the cheapest single victim that alone makes room. The prefix
+    takes victims in loss order, each against its team's margin above nominal: cheap ones
+    that barely help may spend that margin and leave out the one that would do."""
+    plan = _plan_prefix(candidates, cap, quota, job, place)
+    if plan is not None:
+        return plan
+    need = _need(cap, job)
+    tries = 0
+    for r in candidates:
+        if r.job.demand.gpu < need or not _Released(quota, job.team).take(r.job):
+            continue
+        tries += 1
+        if tries > _SINGLE_TRIES:
+            break
+        c, q = cap.clone(), quota.clone()
+        c.give_placement(r.placement, r.job.cpu, r.job.mem)
+        q.remove(r.job.team, r.job.demand)
+        if _fits(c, q, job, place):
+            placement = place(c, job)
+            assert placement is not None  # _fits just said so
+            return PreemptionPlan(placement, (r,))
+    return None
+
+
+def _plan_prefix(
     candidates: list[Running], cap: Capacity, quota: QuotaLedger, job: Job, place: Placer
 ) -> PreemptionPlan | None:
     """The shortest prefix of the victims (in loss order) that makes room, then pruned."""

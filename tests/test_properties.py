@@ -543,3 +543,66 @@ def test_reclaim_past_its_deadline_wakes_when_the_victim_may_go() -> None:
     events = simulate(cluster, teams, trace, policy).events
     admit_l = next(e for e in events if e["type"] == "admit" and e["job"] == "l")
     assert admit_l["t"] == 220
+
+
+# Three traces on which the audit's nominal-deficit bound found the engine keeping a lender
+# waiting past its bound (fixed). Policy: berth with a 600 s delay, 600 s minimum run time and
+# an 1,800 s deadline, so the bound is 2,400 s; j (team a, within its nominal) must reclaim.
+GUARDED = replace(BERTH, preemption_delay_s=600.0, min_runtime_s=600.0, reclaim_deadline_s=1800.0)
+
+
+def _lender_admitted_at(spec: dict, teams: list[dict], trace: list[TraceJob]) -> float:
+    cluster, team_map = parse_cluster(spec), parse_teams(teams)
+    events = simulate(cluster, team_map, trace, GUARDED).events
+    jobs = {j.job_id: j for j in trace}
+    assert audit(events, cluster, team_map, GUARDED, jobs) == []
+    return next(e["t"] for e in events if e["type"] == "admit" and e["job"] == "j")
+
+
+def test_a_victims_cpus_count_once_per_replica_on_the_node() -> None:
+    """v's two replicas on n0 hold 2 CPUs each: the one-node search counted 2 in all, found
+    no room for j's 4 CPUs, and j waited for v to end (t=5000)."""
+    spec = {"nodes": [{"name": "n0", "gpus": 4, "cpus": 4}]}
+    teams = [{"name": "a", "nominal": {"gpus": 4}}, {"name": "b", "nominal": {"gpus": 0}}]
+    trace = [
+        TraceJob("v", 0, "b", 2, 2, 5000, cpus_per_replica=2),
+        TraceJob("j", 1, "a", 1, 4, 100, cpus_per_replica=4),
+    ]
+    assert _lender_admitted_at(spec, teams, trace) <= 1 + GUARDED.reclaim_bound_s
+
+
+def test_a_failed_search_skips_only_jobs_at_least_as_big_in_every_resource() -> None:
+    """k (2 GPUs, 12 GB) finds no plan (w's 8 GB stay); j (2 GPUs, no memory) of the same team
+    and priority was skipped because it asks as many GPUs, and waited for v to end."""
+    spec = {"nodes": [{"name": "n0", "gpus": 3, "memory_gb": 16}]}
+    teams = [
+        {"name": "a", "nominal": {"gpus": 2}},
+        {"name": "b", "nominal": {"gpus": 0}},
+        {"name": "c", "nominal": {"gpus": 1}},
+    ]
+    trace = [
+        TraceJob("v", 0, "b", 1, 2, 5000),
+        TraceJob("w", 0, "c", 1, 0.25, 5000, memory_gb_per_replica=8),
+        TraceJob("k", 1, "a", 1, 2, 100, memory_gb_per_replica=12),
+        TraceJob("j", 1, "a", 1, 2, 100),
+    ]
+    assert _lender_admitted_at(spec, teams, trace) <= 1 + GUARDED.reclaim_bound_s
+
+
+def test_a_cheap_victim_does_not_spend_the_margin_the_useful_one_needs() -> None:
+    """b borrows 2 GPUs. On n0, x's replica (cheaper: priority 0) was taken first, used up
+    b's margin, and v (priority 1), which alone makes room for j, was refused."""
+    spec = {"nodes": [{"name": "n0", "gpus": 4}, {"name": "n1", "gpus": 1}]}
+    teams = [
+        {"name": "a", "nominal": {"gpus": 3}},
+        {"name": "b", "nominal": {"gpus": 2}},
+        {"name": "c", "nominal": {"gpus": 4}},
+    ]
+    trace = [
+        TraceJob("v", 0, "b", 1, 2, 5000, priority=1),
+        TraceJob("y", 0, "c", 1, 1, 100),
+        TraceJob("y2", 0, "c", 1, 1, 200),
+        TraceJob("x", 1, "b", 2, 1, 5000),
+        TraceJob("j", 200, "a", 1, 3, 100),
+    ]
+    assert _lender_admitted_at(spec, teams, trace) <= 200 + GUARDED.reclaim_bound_s
