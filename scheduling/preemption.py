@@ -340,11 +340,13 @@ def _room_on(
     free, cpu, mem = base
     released = _Released(quota, job.team)
     chosen: list[Running] = []
+    refused = False
     for v, k, reps in victims:
         if fits(free, cpu, mem):
             break
         vj = v.job
         if not released.take(vj):
+            refused = True
             continue
         chosen.append(v)
         free += k
@@ -352,6 +354,8 @@ def _room_on(
         mem += vj.mem * reps
     if chosen and fits(free, cpu, mem):
         return chosen
+    if not refused:
+        return None  # every victim here was taken and still no room: none alone makes it
     for v, k, reps in victims:
         vj = v.job
         alone = fits(base[0] + k, base[1] + vj.cpu * reps, base[2] + vj.mem * reps)
@@ -401,9 +405,10 @@ def _plan_greedy(
     """The prefix plan; else the cheapest single victim that alone makes room. The prefix
     takes victims in loss order, each against its team's margin above nominal: cheap ones
     that barely help may spend that margin and leave out the one that would do."""
-    plan = _plan_prefix(candidates, cap, quota, job, place)
-    if plan is not None:
-        return plan
+    allowed = _allowed(candidates, quota, job)
+    plan = _plan_prefix(allowed, cap, quota, job, place)
+    if plan is not None or len(allowed) == len(candidates):
+        return plan  # nobody was refused: a single victim can do no more than all of them
     need = _need(cap, job)
     tries = 0
     for r in candidates:
@@ -423,10 +428,9 @@ def _plan_greedy(
 
 
 def _plan_prefix(
-    candidates: list[Running], cap: Capacity, quota: QuotaLedger, job: Job, place: Placer
+    allowed: list[Running], cap: Capacity, quota: QuotaLedger, job: Job, place: Placer
 ) -> PreemptionPlan | None:
-    """The shortest prefix of the victims (in loss order) that makes room, then pruned."""
-    allowed = _allowed(candidates, quota, job)
+    """The shortest prefix of the allowed victims (loss order) that makes room, then pruned."""
     q = quota.clone()
     for r in allowed:
         q.remove(r.job.team, r.job.demand)
