@@ -12,20 +12,21 @@ job of its team), `rejection` (a rejected job that could run on the empty cluste
 team's reach), `duration` (a run that did not last duration x slowdown), `liveness` (a job
 neither rejected nor finished at the end), `lifecycle` (an event that does not fit the
 job's state, or time going back) and `nominal_deficit` (a lender's job left waiting past
-`Policy.reclaim_bound_s` while a borrowed job could make room for it: `_Auditor.end_instant`).
+`Policy.reclaim_bound_s` while a borrowed job could make room for it: `audit_deficit.py`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from scheduling.cluster import CLUSTER, GPU_GROUP, NODE, Cluster
 from scheduling.policy import Policy
 from scheduling.quota import Team
 from scheduling.resources import GPU_UNIT, ZERO, Resources, gpu_request_problem
+from scheduling.simulator.audit_deficit import DeficitBound, Instant, Victim
 from scheduling.simulator.trace import TraceJob
 
 __all__ = ["Violation", "audit", "audit_or_raise", "true_level"]
@@ -47,36 +48,6 @@ class Violation:
 
     def __str__(self) -> str:
         return f"t={self.t:g} job {self.job}: [{self.rule}] {self.message}"
-
-
-@dataclass(slots=True)
-class _Instant:
-    """One instant's decisions, as the nominal-deficit rule needs them: the engine examined a
-    pending job somewhere between the instant's first decision and its last, so the state it
-    saw lies between the state at the end less what the instant took, and the state at the
-    end plus what it gave back."""
-
-    cycle: bool = False  # a cycle surely ran: a finish or a decision was logged
-    fresh: list[str] = field(default_factory=list)  # submitted with no pending job of its class
-    moved: set[str] = field(default_factory=set)  # jobs admitted, held, preempted or evicted
-    taken: dict[str, Resources] = field(default_factory=dict)  # per team, quota taken
-    given: dict[str, Resources] = field(default_factory=dict)  # per team, quota given back
-    lost: dict[str, int] = field(default_factory=dict)  # per team, top priority preempted
-    floor: dict[str, int] = field(default_factory=dict)  # per team, lowest priority admitted
-    touched: set[tuple[int, int]] = field(default_factory=set)  # GPUs taken or given back
-    cpu: dict[int, int] = field(default_factory=dict)  # per node, CPUs given back
-    mem: dict[int, int] = field(default_factory=dict)  # per node, memory given back
-
-
-@dataclass(frozen=True, slots=True)
-class _Victim:
-    """A running job the engine may take from its borrowing team for any lender, and the room
-    each of its nodes would have without it (GPUs in milli, CPUs, memory)."""
-
-    job: TraceJob
-    start: float
-    demand: Resources
-    rooms: tuple[tuple[int, int, int, int], ...]  # (node, GPUs, CPUs, memory)
 
 
 def audit(
@@ -134,7 +105,7 @@ def true_level(cluster: Cluster, reps: Iterable[Rep]) -> str:
     return CLUSTER
 
 
-class _Auditor:
+class _Auditor(DeficitBound):
     def __init__(
         self,
         cluster: Cluster,
@@ -179,12 +150,15 @@ class _Auditor:
         self.waiting: dict[str, float] = {}
         self.shapes: dict[str, tuple[Resources, Resources, tuple]] = {}  # job -> `shape()`
         self.classes: dict[tuple, int] = {}
-        self.instant = _Instant()
-        self.due: dict[str, tuple[float, _Victim]] = {}
+        self.instant = Instant()
+        self.due: dict[str, tuple[float, Victim]] = {}
         self.deficits: set[tuple[str, float]] = set()  # (job, wait began) flagged already
 
     def flag(self, job: str, rule: str, message: str) -> None:
-        self.out.append(Violation(self.t, job, rule, message))
+        self.flag_at(self.t, job, rule, message)
+
+    def flag_at(self, t: float, job: str, rule: str, message: str) -> None:
+        self.out.append(Violation(t, job, rule, message))
 
     def event(self, ev: Mapping[str, Any]) -> None:
         t, kind, job_id = float(ev["t"]), str(ev["type"]), str(ev["job"])
@@ -486,236 +460,6 @@ class _Auditor:
             for v in vs:
                 self.flag(v.job_id, "preemption", f"preemptor {by} was not admitted with it")
 
-    # -- nominal-deficit bound --------------------------------------------------------------
-
-    def shape(self, job: TraceJob) -> tuple[Resources, Resources, tuple]:
-        """(per replica, whole gang, the job's class: its team and `Job.shape`)."""
-        got = self.shapes.get(job.job_id)
-        if got is None:
-            r = Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
-            key = (job.team, job.priority, job.replicas, r, job.topology, job.preemptible)
-            got = self.shapes[job.job_id] = (r, r * job.replicas, key)
-        return got
-
-    def enqueue(self, job: TraceJob, since: float) -> None:
-        self.waiting[job.job_id] = since
-        key = self.shape(job)[2]
-        self.classes[key] = self.classes.get(key, 0) + 1
-
-    def dequeue(self, job: TraceJob) -> None:
-        if self.waiting.pop(job.job_id, None) is not None:
-            self.classes[self.shape(job)[2]] -= 1
-
-    def note_take(self, job: TraceJob, kind: str, state: str) -> None:
-        rec, jid = self.instant, job.job_id
-        rec.moved.add(jid)
-        rec.touched.update((i, g) for i, gpus, _ in self.alloc.get(jid, ()) for g in gpus)
-        if state == "pending":
-            rec.taken[job.team] = rec.taken.get(job.team, ZERO) + self.shape(job)[1]
-        if kind == "admit":
-            rec.floor[job.team] = min(rec.floor.get(job.team, job.priority), job.priority)
-        self.dequeue(job)
-
-    def note_release(self, job: TraceJob, kind: str) -> None:
-        """Before a preemption or eviction releases `job`."""
-        rec, jid, (r, d, _) = self.instant, job.job_id, self.shape(job)
-        rec.moved.add(jid)
-        for i, gpus, _ in self.alloc.get(jid, ()):
-            rec.touched.update((i, g) for g in gpus)
-            rec.cpu[i] = rec.cpu.get(i, 0) + r.cpu
-            rec.mem[i] = rec.mem.get(i, 0) + r.mem
-        rec.given[job.team] = rec.given.get(job.team, ZERO) + d
-        if kind == "preempt":
-            rec.lost[job.team] = max(rec.lost.get(job.team, job.priority), job.priority)
-
-    def end_instant(self) -> None:
-        """The nominal-deficit bound (`Policy.reclaim_bound_s`), at the end of an instant in
-        which the engine surely ran a cycle: a finish or a decision was logged, or a job was
-        submitted while no job of its class (`Job.shape`) was pending (the engine settles a
-        new job without a cycle only when one of its class failed in the last cycle).
-
-        Each job J still pending that was pending before the instant's decisions was examined
-        in that cycle. The rule looks only at a J whose reclaim needs nothing but one victim
-        on one node: one replica of whole GPUs, no topology narrower than a node. J is owed a
-        victim V, a preemptible whole-GPU job of another team U running since before the
-        instant, when all of this holds wherever in the instant the engine examined J, that is
-        for every state between the end less the instant's takes and the end plus what it
-        gave back (lower bounds on room, upper bounds on usage):
-        - J's team T: usage + J within its nominal in GPUs, CPUs and memory (J reclaims);
-        - U keeps its nominal without V: in GPUs always, in CPUs and memory where U is above
-          them (the engine's rule: a victim's team never ends below its nominal);
-        - one of V's nodes holds J without V: its free GPUs (less any GPU a decision of the
-          instant touched), CPUs and memory (less what the instant gave back);
-        - the cohort's pool still lends T what J draws on it once V is gone.
-        If J has waited the bound (since its submission or last preemption) and V has run
-        `min_runtime_s`, J should not be pending at the end of the instant: flag it. If not
-        yet, J is due at tau = max(its wait start + bound, V's start + min_runtime_s): the
-        engine wakes up for a lender when its preemption delay ends, its deadline passes and
-        a victim reaches its minimum run time, all by tau; so a later instant with nothing
-        logged since this one means it let J wait past the bound (`check_due`).
-
-        What the engine may legitimately do instead, tolerated so that the rule never flags
-        a correct engine (it is conservative, not complete):
-        - one more cycle: room that appears in a cycle after J's search (a borrower admitted
-          after it, as cycles serve jobs within nominal first) is owed from the next cycle
-          only, which may come at the next event: the grace is that cycle, whenever it is;
-        - T lost a job of higher priority than J in the instant: J waits behind it until the
-          next instant (the inversion guard of cycle.py), so J is not owed anything here;
-        - V's priority is above the lowest its team admitted in the instant: V is spared;
-        - a reservation hides its nodes and a starving job holds its team's quota, neither
-          in the log: nothing is owed once any pending job has waited `starvation_s`;
-        - the greedy search looks at `max_preemption_candidates` victims only: nothing is
-          owed while more preemptible jobs run than that.
-        Not tolerated: a search that misses the one-victim plan, or a cycle that skips it, as
-        a shortcut: the promise says room comes back whenever a borrowed job could make it.
-        Off where the bound is infinite, or with partial gangs or strict head-of-line."""
-        rec, self.instant = self.instant, _Instant()
-        if not self.watch:
-            return
-        if not rec.cycle and all(self.state.get(j) == "rejected" for j in rec.fresh):
-            return  # no cycle ran: what the engine owed is still due as it was
-        self.due = {}
-        if not self.waiting:
-            return
-        t, pol = self.t, self.policy
-        lo = {n: u - rec.taken.get(n, ZERO) for n, u in self.usage.items()}
-        borrowers = {n for n, u in lo.items() if u.gpu - self.teams[n].nominal.gpu >= GPU_UNIT}
-        if not borrowers:
-            return  # no team borrows a whole GPU: no victim
-        waits = [*self.waiting.values(), *(self.since.get(j, t) for j in rec.moved)]
-        if min(waits) + pol.starvation_s <= t:
-            return
-        running = rec.moved.union(self.started)
-        if sum(self.jobs[j].preemptible for j in running) > pol.max_preemption_candidates:
-            return
-        hi = {n: u + rec.given.get(n, ZERO) for n, u in self.usage.items()}
-        victims = self.victims(rec, borrowers, lo, hi)
-        if not victims:
-            return
-        draws = {n: (u - self.guaranteed[n]).clamp_low() for n, u in hi.items()}
-        firsts: dict[tuple, _Victim | None] = {}  # per class: the victim free soonest
-        for jid, since in self.waiting.items():
-            job = self.jobs[jid]
-            if jid in rec.moved or not _one_node_reclaim(job) or job.team not in self.teams:
-                continue
-            key = self.shape(job)[2]
-            if key not in firsts:
-                firsts[key] = self.first_victim(job, victims, hi, draws, rec)
-            v = firsts[key]
-            if v is None:
-                continue
-            due = max(since + self.bound, v.start + pol.min_runtime_s)
-            if due > t:
-                self.due[jid] = (due, v)
-            elif v.start <= t - pol.min_runtime_s:  # as the engine lists its victims
-                self.flag_deficit(job, since, v, t)
-
-    def victims(
-        self,
-        rec: _Instant,
-        borrowers: set[str],
-        lo: Mapping[str, Resources],
-        hi: Mapping[str, Resources],
-    ) -> list[_Victim]:
-        """Running jobs of `borrowers` that a lender's job may take, now or once they have
-        run their minimum run time."""
-        out: list[_Victim] = []
-        for jid, (start, _, _) in self.started.items():
-            v = self.jobs[jid]
-            team, (r, d, _), reps = v.team, self.shape(v), self.alloc.get(jid, [])
-            if team not in borrowers or not v.preemptible or jid in rec.moved:
-                continue
-            if v.priority > rec.floor.get(team, v.priority):
-                continue  # spared: its team admitted a job of lower priority in the instant
-            if r.gpu < GPU_UNIT or not reps or any(share for _, _, share in reps):
-                continue  # a share may free no whole GPU: the one-node search skips it
-            nominal = self.teams[team].nominal
-            if lo[team].gpu - d.gpu < nominal.gpu:
-                continue  # its team would end below its nominal GPUs
-            if _dips(d.cpu, lo[team].cpu, hi[team].cpu, nominal.cpu) or _dips(
-                d.mem, lo[team].mem, hi[team].mem, nominal.mem
-            ):
-                continue  # ... or below its nominal CPUs or memory, where above them
-            count: dict[int, int] = {}
-            for i, _, _ in reps:
-                count[i] = count.get(i, 0) + 1
-            rooms = []
-            for i, k in count.items():
-                node = self.cluster.nodes[i]
-                free = sum(
-                    1
-                    for g in range(node.gpus)
-                    if not self.whole.get((i, g))
-                    and (i, g) not in self.shares
-                    and (i, g) not in rec.touched
-                )
-                gpus = free * GPU_UNIT + k * r.gpu
-                cpu = node.cpu - self.cpu[i] - rec.cpu.get(i, 0) + k * r.cpu
-                mem = node.mem - self.mem[i] - rec.mem.get(i, 0) + k * r.mem
-                rooms.append((i, gpus, cpu, mem))
-            out.append(_Victim(v, start, d, tuple(rooms)))
-        return out
-
-    def first_victim(
-        self,
-        job: TraceJob,
-        victims: list[_Victim],
-        hi: Mapping[str, Resources],
-        draws: Mapping[str, Resources],
-        rec: _Instant,
-    ) -> _Victim | None:
-        """The victim that alone makes room for `job` soonest, if `job` reclaims at all."""
-        team, d = job.team, self.shape(job)[1]
-        if (hi[team] + d).first_excess(self.teams[team].nominal):
-            return None  # not within its team's nominal: it does not reclaim
-        if rec.lost.get(team, job.priority) > job.priority:
-            return None  # its team just lost a job of higher priority, which goes first
-        drawn = sum(draws.values(), ZERO) - draws[team]
-        drawn = drawn + (hi[team] + d - self.guaranteed[team]).clamp_low()
-        best: _Victim | None = None
-        for v in victims:
-            u = v.job.team
-            if u == team or (best is not None and v.start >= best.start):
-                continue
-            if not any(g >= d.gpu and c >= d.cpu and m >= d.mem for _, g, c, m in v.rooms):
-                continue
-            pool = drawn - draws[u] + (hi[u] - v.demand - self.guaranteed[u]).clamp_low()
-            if pool.first_excess(self.pool) is None:
-                best = v
-        return best
-
-    def check_due(self, t: float) -> None:
-        """Time moves on to `t`, nothing logged since the last instant: flag each job whose
-        room was due before `t` (`end_instant`)."""
-        if not self.due:
-            return
-        oldest = min(self.waiting.values(), default=math.inf)
-        for jid, (due, v) in list(self.due.items()):
-            if due >= t:
-                continue
-            del self.due[jid]
-            since = self.waiting.get(jid)
-            if since is None or oldest + self.policy.starvation_s <= due:
-                continue  # a reservation may hide nodes from then on
-            self.flag_deficit(self.jobs[jid], since, v, due, t)
-
-    def flag_deficit(
-        self, job: TraceJob, since: float, v: _Victim, t: float, late: float | None = None
-    ) -> None:
-        if (job.job_id, since) in self.deficits:
-            return
-        self.deficits.add((job.job_id, since))
-        d = self.shape(job)[1]
-        node = next(i for i, g, c, m in v.rooms if g >= d.gpu and c >= d.cpu and m >= d.mem)
-        message = (
-            f"within team {job.team}'s nominal, waiting since t={since:g} (bound "
-            f"{self.bound:g}s), yet not given room though {v.job.job_id} of team "
-            f"{v.job.team}, which borrows, could go from {self.cluster.nodes[node].name}"
-        )
-        if late is not None:
-            message += f"; nothing was logged from then to t={late:g}"
-        self.out.append(Violation(t, job.job_id, "nominal_deficit", message))
-
     def check_rejection(self, job: TraceJob) -> None:
         """A rejection must be right: the job fits no domain of its level on the empty cluster,
         or asks more than its team can ever hold, or is malformed. Worked out here from the
@@ -791,15 +535,3 @@ def _fits_when_empty(cluster: Cluster, job: TraceJob) -> bool:
 def _gpus(job: TraceJob) -> int:
     """The whole gang's GPUs, in milli-GPUs."""
     return round(job.gpus_per_replica * GPU_UNIT) * job.replicas
-
-
-def _one_node_reclaim(job: TraceJob) -> bool:
-    """One replica of whole GPUs that may go on any node of the cluster."""
-    g = round(job.gpus_per_replica * GPU_UNIT)
-    return job.replicas == 1 and g >= GPU_UNIT and g % GPU_UNIT == 0 and job.topology != GPU_GROUP
-
-
-def _dips(release: int, lo: int, hi: int, nominal: int) -> bool:
-    """Could a team whose usage is somewhere in [lo, hi] end below `nominal` by giving up
-    `release`, where it was above it (the engine's rule for CPUs and memory)?"""
-    return release > 0 and hi > nominal and lo - release < nominal
