@@ -308,7 +308,7 @@ class _Cycle:
         # (max_preemption_searches_per_team), as each costs milliseconds on a big cluster.
         # Reclaim: as many as its jobs within nominal need (reclaim_searches_per_team, 0 in
         # berth), or a job with no plan would keep the small one behind it from its nominal;
-        # the skip above keeps their number to the team's distinct (priority, topology).
+        # the skip above and the closing of failed classes bound their number.
         reclaims = self._reclaims(job)
         budget = (job.team, reclaims)
         tried = self.searches.get(budget, 0)
