@@ -12,7 +12,7 @@ the one that runs.
     max_reservations: 2
     min_runtime_s: 900         # no preemption of a job younger than this
     preemption_delay_s: 300    # a job waits this long before it may preempt
-    max_preemptions: 1         # priority preemption only: borrowed quota is always reclaimable
+    max_preemptions: 1         # priority preemption; reclaim only until reclaim_deadline_s
     max_victim_runtime_s: 3600 # priority preemption only
 
 Team weights for fair sharing live with the quotas, in teams.yaml (`weight`).

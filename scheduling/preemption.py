@@ -6,8 +6,8 @@ A pending job may preempt running jobs in two cases only:
 - **priority**: victims are jobs of its own team with strictly lower priority.
 Victims are whole gangs, preemptible, and have run at least `min_runtime_s`. The guards that
 protect long work (`max_preemptions`, `max_victim_runtime_s`) apply to priority preemption
-always, and to reclaim until the lender's job has waited `reclaim_deadline_s` (infinite by
-default: docs/decisions/0003 says what a finite one costs). A plan exists only if the
+always, and to reclaim until the lender's job has waited `reclaim_deadline_s` (1 h in
+`berth`; docs/decisions/0003 says what it costs). A plan exists only if the
 preemptor then fits both quota and placement; the victim set is then pruned so that no job is
 preempted that the preemptor does not need gone.
 """
