@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a
 
 from bench.common import RESULTS, ROOT, code_version, console_for_tables, machine, reference_ms
 from scheduling.config import load_cluster, load_teams
-from scheduling.policy import get_policy
+from scheduling.simulator.baselines import get_policy
 from scheduling.simulator.philly import import_philly
 from scheduling.simulator.sim import simulate
 from scheduling.simulator.trace import load_trace

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a
 
 from bench.common import RESULTS, ROOT, code_version, console_for_tables, machine, reference_ms
 from bench.quality_report import CANDIDATE, ORACLE, held_out_table, markdown, plot
-from scheduling.policy import get_policy
+from scheduling.simulator.baselines import get_policy
 from scheduling.simulator.metrics import ClusterInfo, TeamInfo, summarize
 from scheduling.simulator.oracle import srtf
 from scheduling.simulator.philly import import_philly

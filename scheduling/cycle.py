@@ -2,7 +2,9 @@
 
     schedule(snapshot, policy)
       1. copy      private copies of free capacity and quota usage; the snapshot stays as it is
-      2. gangs     (baseline) bind more replicas of partly bound gangs, or time them out
+      2. gangs     the policy's gang binding binds held gangs (Berth holds none; the
+                   quota-spread baseline binds more replicas of partly bound gangs, or times
+                   them out)
       3. reserve   hide the nodes reserved for starving gangs from everyone else (not while
                    their holder is blocked by quota)
       4. order     teams' heads as Kueue orders a cohort: within nominal before borrowing,
@@ -13,6 +15,9 @@
                    reserved, needs_preemption, blocked, skipped) and reason, in order
       6. explain   a reason for every job left pending
 
+Placement, gang binding and what a blocked job does to the queue behind it are the policy's
+strategies (`scheduling/strategies.py`); the baselines' live in the simulator.
+
 Kueue's scheduler.schedule() tells its cycle the same way. Everything here is pure: persistence
 and side effects belong to whoever applies the result (`state.EngineState.apply`, the store).
 """
@@ -22,13 +27,10 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from scheduling.capacity import gang_level
 from scheduling.cluster import CLUSTER, GPU_GROUP, NODE
 from scheduling.decisions import (
     Admit,
     CycleResult,
-    Evict,
-    HoldUpdate,
     Nomination,
     PendingReason,
     Preempt,
@@ -37,14 +39,7 @@ from scheduling.decisions import (
 )
 from scheduling.jobs import Job, Pending, Placement, Running
 from scheduling.ordering import Candidates
-from scheduling.placement import (
-    max_level,
-    place_first_fit,
-    place_gang,
-    place_gang_group_blind,
-    place_least_allocated,
-    place_replicas_partially,
-)
+from scheduling.placement import max_level
 from scheduling.policy import Policy
 from scheduling.preemption import PreemptionPlan, VictimPool, may_preempt, plan_preemption
 from scheduling.quota import QuotaProblem
@@ -52,19 +47,11 @@ from scheduling.reservation import choose_reservation
 from scheduling.resources import fmt_gpus
 from scheduling.snapshot import Snapshot
 
-PLACERS = {
-    "topology": place_gang,
-    "topology_group_blind": place_gang_group_blind,
-    "first_fit": place_first_fit,
-    "least_allocated": place_least_allocated,
-}
-
 
 def schedule(snapshot: Snapshot, policy: Policy) -> CycleResult:
     """Run one cycle. Never changes `snapshot`."""
-    cycle = _Cycle(snapshot, policy)  # 1. copy
-    if policy.partial_gangs:
-        cycle.bind_partial_gangs()  # 2. gangs
+    cycle = Cycle(snapshot, policy)  # 1. copy
+    policy.gangs.bind_held(cycle)  # 2. gangs
     cycle.hide_reservations()  # 3. reserve
     candidates = Candidates(snapshot, policy.ordering, cycle.share, cycle.borrows)  # 4. order
     for pending in candidates:
@@ -75,8 +62,9 @@ def schedule(snapshot: Snapshot, policy: Policy) -> CycleResult:
     return cycle.result
 
 
-class _Cycle:
-    """The scratch state of one cycle and the decisions it has made so far."""
+class Cycle:
+    """The scratch state of one cycle and the decisions it has made so far. Strategies see it
+    as `strategies.CycleOps`."""
 
     def __init__(self, snap: Snapshot, policy: Policy) -> None:
         self.snap = snap
@@ -100,7 +88,7 @@ class _Cycle:
         self.searches: dict[tuple[str, bool], int] = {}  # per (team, reclaims) in this cycle
         self.victims: set[str] = set()
         self.total = snap.cluster.total
-        self.place = PLACERS[policy.placement]
+        self.place = policy.placement
         self.stopped_by: PendingReason | None = None
         self.suspended: set[str] = set()  # reservations whose holder is blocked by quota
 
@@ -111,27 +99,6 @@ class _Cycle:
         """Would admitting this job take its team above its nominal quota?"""
         job = pending.job
         return not self.quota.fits_nominal_with(job.team, job.demand)
-
-    # -- phase 2: partial gangs (the quota-spread baseline) ----------------------------------
-
-    def bind_partial_gangs(self) -> None:
-        for hold in sorted(self.snap.holds.values(), key=lambda h: (h.since, h.job.id)):
-            job = hold.job
-            if self.now >= hold.since + self.policy.gang_timeout_s:  # same sum as the wake-up
-                self.cap.give_placement(hold.bound, job.cpu, job.mem)
-                self.quota.remove(job.team, job.demand)
-                self.result.evicted.append(Evict(job.id, "gang_timeout"))
-                self._wake(self.now + self.policy.requeue_backoff_s)  # its retry
-                continue
-            new = place_replicas_partially(self.cap, job, job.replicas - len(hold.bound))
-            bound = hold.bound + tuple(new)
-            if len(bound) == job.replicas:
-                placement = Placement(bound, gang_level(self.snap.cluster, bound))
-                self.result.admitted.append(Admit(job, placement))
-                continue
-            if new:
-                self.result.holds.append(HoldUpdate(job, bound))
-            self._wake(hold.since + self.policy.gang_timeout_s)
 
     # -- phase 3: reservations -------------------------------------------------------------
 
@@ -184,7 +151,7 @@ class _Cycle:
             )
             self.result.pending[job.id] = reason
             self._nominated(job, Status.SKIPPED, reason)
-            self._wake(pending.not_before)
+            self.wake(pending.not_before)
             return
         self.result.examined += 1
         status, reason = self._admit_or_explain(pending, candidates)
@@ -193,10 +160,8 @@ class _Cycle:
             candidates.changed(job.team)
             return
         self.result.pending[job.id] = reason
-        if self.policy.strict_head_of_line:
-            self.stopped_by = PendingReason(
-                Reason.BEHIND, f"waiting behind job {job.id} at the head of the queue"
-            )
+        self.stopped_by = self.policy.queue.blocked(self, pending)
+        if self.stopped_by is not None:
             return
         # The rest of its class would fail alike: close it; they share this reason.
         self.failed[(job.team, job.shape)] = reason
@@ -206,7 +171,7 @@ class _Cycle:
             # The starvation guard (a reservation) will look at it again then. It has nothing
             # for a job that waits on quota: within its nominal, reclaim's bound serves it;
             # borrowing, it has no claim. A finish, which may change that, runs a cycle.
-            self._wake(starves_at)
+            self.wake(starves_at)
 
     def _admit_or_explain(
         self, pending: Pending, candidates: Candidates
@@ -224,10 +189,7 @@ class _Cycle:
         if self.policy.quotas:
             problem = self.quota.check(job.team, job.demand, job.preemptible)
         if problem is None:
-            if self.policy.partial_gangs:
-                self._admit_partially(job)
-                return Status.FITS, None
-            reason = self._place_or_explain(job)
+            reason = self.policy.gangs.bind(self, job)
             if reason is None:
                 return Status.FITS, None
         else:
@@ -259,7 +221,7 @@ class _Cycle:
         # Waiting a little often beats killing work: turnover frees room without a restart.
         allowed_at = pending.since + self.policy.preemption_delay_s
         if allowed_at > self.now:
-            self._wake(allowed_at)
+            self.wake(allowed_at)
         return allowed_at
 
     def _reclaims(self, job: Job) -> bool:
@@ -295,7 +257,7 @@ class _Cycle:
         unguarded_at = pending.since + self.policy.reclaim_deadline_s
         guarded = unguarded_at > self.now
         if guarded:
-            self._wake(unguarded_at)
+            self.wake(unguarded_at)
         # A failed plan for a job means no plan for one of the same team, priority, topology
         # and replicas that needs as much of every resource or more per replica, in this
         # cycle (victims only get fewer): those searches are skipped.
@@ -341,10 +303,10 @@ class _Cycle:
             self.no_plan.setdefault(key, []).append((job.gpu, job.cpu, job.mem))
             self.next_victim = self.victim_pool.next_eligible(self.cap, self.quota, job.team)
             if self.next_victim is not None:  # more victims may be allowed then
-                self._wake(self.next_victim.start_time + self.policy.min_runtime_s)
+                self.wake(self.next_victim.start_time + self.policy.min_runtime_s)
         return plan
 
-    def _place_or_explain(self, job: Job) -> PendingReason | None:
+    def place_or_explain(self, job: Job) -> PendingReason | None:
         """Admit if a placement exists now; else why not. Placement failures do not depend on
         the team, so they are remembered for the whole cycle (capacity only shrinks in it)."""
         own_reservation = job.id in self.result.reservations
@@ -383,16 +345,6 @@ class _Cycle:
         if res is not None:
             self.cap.unhide(res.nodes)
 
-    def _admit_partially(self, job: Job) -> None:
-        bound = place_replicas_partially(self.cap, job, job.replicas)
-        self.quota.add(job.team, job.demand)  # admitted by quota: it holds all of it
-        if len(bound) == job.replicas:
-            placement = Placement(tuple(bound), gang_level(self.snap.cluster, bound))
-            self.result.admitted.append(Admit(job, placement))
-            return
-        self.result.holds.append(HoldUpdate(job, tuple(bound)))
-        self._wake(self.now + self.policy.gang_timeout_s)
-
     def _admit_with_preemption(
         self, job: Job, plan: PreemptionPlan, candidates: Candidates
     ) -> None:
@@ -426,7 +378,7 @@ class _Cycle:
             reservations[job.id] = res
             self.cap.hide(res.nodes)
 
-    def _wake(self, t: float) -> None:
+    def wake(self, t: float) -> None:
         if math.isinf(t):
             return
         if self.result.next_wakeup is None or t < self.result.next_wakeup:

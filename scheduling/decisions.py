@@ -71,8 +71,11 @@ class HoldUpdate:
 
 @dataclass(frozen=True, slots=True)
 class Evict:
+    """A partly bound gang given up (a baseline's): its replicas freed, back to the queue."""
+
     job_id: str
     reason: str
+    retry_at: float  # not tried again before
 
 
 @dataclass(frozen=True, slots=True)

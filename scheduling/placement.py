@@ -5,12 +5,10 @@ level up to the job's topology requirement, and at each level picks the domain t
 left with the fewest free GPUs, so that big free domains stay whole for big gangs (the spirit
 of HiveD's buddy cells). Ties go to the less-loaded node, then the lower index.
 
-`place_gang_group_blind` is the `kueue-tas` baseline's: the same search from the node up, blind
-to GPU groups. `place_first_fit` and `place_least_allocated` are the other baselines'
-per-replica placements (a bare cluster; the default kube-scheduler's spreading).
+The `kueue-tas` baseline uses the same search from the node up, blind to GPU groups; the
+other baselines' per-replica placements live in `scheduling/simulator/baselines.py`.
 
-Placement functions never change the Capacity they are given, except `place_replicas_partially`
-(the baseline's partial binding), whose contract is to bind what it can.
+Placement functions never change the Capacity they are given.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from scheduling.capacity import Capacity, gang_level
 from scheduling.cluster import CLUSTER, GPU_GROUP, NODE
 from scheduling.jobs import Job, Placement, ReplicaPlacement
 from scheduling.resources import GPU_UNIT
+from scheduling.strategies import Placer
 
 
 def max_level(job: Job) -> str:
@@ -28,26 +27,16 @@ def max_level(job: Job) -> str:
     return CLUSTER if job.topology == "any" else job.topology
 
 
-def place_gang(cap: Capacity, job: Job) -> Placement | None:
-    """Berth's placement: smallest domain that holds the whole gang, best fit. None: no room."""
-    return _place(cap, job, GPU_GROUP)
+def place_gang(cap: Capacity, job: Job, finest: str = GPU_GROUP) -> Placement | None:
+    """Berth's placement: smallest domain that holds the whole gang, best fit. None: no room.
 
-
-def place_gang_group_blind(cap: Capacity, job: Job) -> Placement | None:
-    """Kueue's Topology-Aware Scheduling with a bin-packing kube-scheduler: the whole gang in
-    the tightest domain of its required level, from the node up. NVLink groups are below what
-    Kueue sees: a `gpu_group` requirement can only be asked as `node`, and the node is chosen
-    without looking at its groups (the device plugin then picks GPUs on it, group-aware)."""
-    return _place(cap, job, NODE)
-
-
-def _place(cap: Capacity, job: Job, first: str) -> Placement | None:
+    `finest` is the first level tried; a placer blind to GPU groups starts at the node."""
     cluster = cap.cluster
-    limit = max(cluster.rank[max_level(job)], cluster.rank[first])
+    limit = max(cluster.rank[max_level(job)], cluster.rank[finest])
     if job.replicas == 1:
         limit = min(limit, cluster.rank[NODE])  # one replica never spans nodes
     need = job.whole_gpus * job.replicas
-    for level in cluster.order[cluster.rank[first] : limit + 1]:
+    for level in cluster.order[cluster.rank[finest] : limit + 1]:
         if job.shared:
             reps = _shared_in_level(cap, job, level)
         elif level == GPU_GROUP:
@@ -91,7 +80,7 @@ def _whole_in_group(cap: Capacity, job: Job) -> list[ReplicaPlacement] | None:
             for node, group in _ranked(cap, bucket):
                 if cap.fits_cpu_mem(node, cpu, mem):
                     free = cap.free[node] & cap.cluster.nodes[node].groups[group]
-                    return _split(node, _lowest(free, need), g)
+                    return _split(node, lowest_bits(free, need), g)
     return None
 
 
@@ -118,16 +107,16 @@ def _replicas_on_node(cap: Capacity, node: int, g: int, count: int) -> list[Repl
         fitting = [m for m in groups if (free & m).bit_count() >= g]
         if fitting:
             best = min(fitting, key=lambda m: (free & m).bit_count())
-            mask = _lowest(free & best, g)
+            mask = lowest_bits(free & best, g)
         else:  # span groups, fullest groups last so that whole groups survive
             mask = 0
             for m in sorted(groups, key=lambda m: (free & m).bit_count()):
-                take = _lowest(free & m & ~mask, g - mask.bit_count())
+                take = lowest_bits(free & m & ~mask, g - mask.bit_count())
                 mask |= take
                 if mask.bit_count() == g:
                     break
         free &= ~mask
-        out.append(ReplicaPlacement(node, _bits(mask)))
+        out.append(ReplicaPlacement(node, bits_of(mask)))
     return out
 
 
@@ -204,7 +193,7 @@ def _shared_candidates(cap: Capacity) -> Iterator[int]:
                 yield i
 
 
-def _shared_on_node(
+def shared_on_node(
     cap: Capacity, node: int, job: Job, count: int, group_only: bool
 ) -> list[ReplicaPlacement] | None:
     if not cap.fits_cpu_mem(node, job.cpu * count, job.mem * count):
@@ -217,7 +206,7 @@ def _shared_on_node(
         if fitting:
             _, gpu = min(fitting)
         elif free:
-            gpu = _bits(_lowest(free, 1))[0]
+            gpu = bits_of(lowest_bits(free, 1))[0]
             free &= ~(1 << gpu)
             shares[gpu] = GPU_UNIT
         else:
@@ -232,7 +221,7 @@ def _shared_on_node(
 def _shared_in_level(cap: Capacity, job: Job, level: str) -> list[ReplicaPlacement] | None:
     if level in (GPU_GROUP, NODE):
         for i in _shared_candidates(cap):
-            reps = _shared_on_node(cap, i, job, job.replicas, level == GPU_GROUP)
+            reps = shared_on_node(cap, i, job, job.replicas, level == GPU_GROUP)
             if reps is not None:
                 return reps
         return None
@@ -242,7 +231,7 @@ def _shared_in_level(cap: Capacity, job: Job, level: str) -> list[ReplicaPlaceme
         members = set(cap.cluster.domains[level][dom])
         for i in _shared_candidates(scratch):
             while i in members and len(out) < job.replicas:
-                reps = _shared_on_node(scratch, i, job, 1, False)
+                reps = shared_on_node(scratch, i, job, 1, False)
                 if reps is None:
                     break
                 scratch.take_replica(reps[0], job.cpu, job.mem)
@@ -252,82 +241,10 @@ def _shared_in_level(cap: Capacity, job: Job, level: str) -> list[ReplicaPlaceme
     return None
 
 
-# -- baselines --------------------------------------------------------------------------------
-
-
-def place_first_fit(cap: Capacity, job: Job) -> Placement | None:
-    """A bare cluster: each replica on the first node (by index) with room, lowest GPU ids."""
-    return _per_replica(cap, job, _first_fit_node)
-
-
-def place_least_allocated(cap: Capacity, job: Job) -> Placement | None:
-    """kube-scheduler's spreading: each replica on the node with the most free GPUs."""
-    return _per_replica(cap, job, _least_allocated_node)
-
-
-def place_replicas_partially(cap: Capacity, job: Job, count: int) -> list[ReplicaPlacement]:
-    """Bind up to `count` replicas one by one (least-allocated), taking them from `cap`."""
-    out = []
-    for _ in range(count):
-        r = _one_replica(cap, job, _least_allocated_node)
-        if r is None:
-            break
-        cap.take_replica(r, job.cpu, job.mem)
-        out.append(r)
-    return out
-
-
-def _per_replica(cap: Capacity, job: Job, pick) -> Placement | None:
-    out: list[ReplicaPlacement] = []
-    try:
-        for _ in range(job.replicas):
-            r = _one_replica(cap, job, pick)
-            if r is None:
-                return None
-            cap.take_replica(r, job.cpu, job.mem)
-            out.append(r)
-        return Placement(tuple(out), gang_level(cap.cluster, out))
-    finally:
-        cap.give_placement(out, job.cpu, job.mem)  # leave `cap` as it was
-
-
-def _one_replica(cap: Capacity, job: Job, pick) -> ReplicaPlacement | None:
-    if job.shared:
-        for i in sorted(cap.shares) + [n for b in cap.node_buckets[1:] for n in sorted(b)]:
-            reps = _shared_on_node(cap, i, job, 1, False) if cap.usable(i) else None
-            if reps:
-                return reps[0]
-        return None
-    g = job.whole_gpus
-    node = pick(cap, job, g)
-    if node is None:
-        return None
-    return ReplicaPlacement(node, _bits(_lowest(cap.free[node], g)))
-
-
-def _first_fit_node(cap: Capacity, job: Job, g: int) -> int | None:
-    for i in range(len(cap.free)):
-        if cap.usable(i) and cap.free_gpus(i) >= g and cap.fits_cpu_mem(i, job.cpu, job.mem):
-            return i
-    return None
-
-
-def _least_allocated_node(cap: Capacity, job: Job, g: int) -> int | None:
-    nodes = cap.cluster.nodes
-    best = None
-    for k in range(len(cap.node_buckets) - 1, g - 1, -1):
-        for i in cap.node_buckets[k]:
-            if cap.fits_cpu_mem(i, job.cpu, job.mem):
-                score = (k / nodes[i].gpus, -i)
-                if best is None or score > best[0]:
-                    best = (score, i)
-    return None if best is None else best[1]
-
-
 # -- bits -------------------------------------------------------------------------------------
 
 
-def _lowest(mask: int, count: int) -> int:
+def lowest_bits(mask: int, count: int) -> int:
     """The `count` lowest set bits of mask (fewer if it has fewer)."""
     out = 0
     while count and mask:
@@ -338,7 +255,7 @@ def _lowest(mask: int, count: int) -> int:
     return out
 
 
-def _bits(mask: int) -> tuple[int, ...]:
+def bits_of(mask: int) -> tuple[int, ...]:
     out = []
     while mask:
         low = mask & -mask
@@ -348,5 +265,8 @@ def _bits(mask: int) -> tuple[int, ...]:
 
 
 def _split(node: int, mask: int, g: int) -> list[ReplicaPlacement]:
-    bits = _bits(mask)
+    bits = bits_of(mask)
     return [ReplicaPlacement(node, bits[k : k + g]) for k in range(0, len(bits), g)]
+
+
+TOPOLOGY = Placer("topology", place_gang)

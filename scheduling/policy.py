@@ -1,16 +1,21 @@
-"""Scheduling policies: one engine, three shapes.
+"""Scheduling policies: Berth's knobs and strategies, and the policies the store may run.
 
-`berth` is the product. `fifo` and `quota-spread` are the baselines admins compare it with:
-what a bare cluster gives, and what a team gets today from Kueue with the default kube-scheduler.
+`berth` is the product; its variants here switch one of its guards off, to measure what each
+buys. The baselines admins compare it with (`fifo`, `fifo-backfill`, `quota-spread`,
+`kueue-tas`) are policies of the same engine with other strategies, and live with the
+simulator (`scheduling/simulator/baselines.py`): the production cycle never runs them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from scheduling.placement import TOPOLOGY
+from scheduling.strategies import BACKFILL, WHOLE_GANGS, GangBinding, Placer, QueueDiscipline
+
 Ordering = Literal["fifo", "priority_fifo", "kueue", "drf"]
-PlacementKind = Literal["topology", "topology_group_blind", "first_fit", "least_allocated"]
 
 
 @dataclass(frozen=True)
@@ -20,9 +25,9 @@ class Policy:
     name: str
     quotas: bool = True
     ordering: Ordering = "drf"
-    strict_head_of_line: bool = False
-    placement: PlacementKind = "topology"
-    partial_gangs: bool = False  # bind replicas one by one and hold them (the baseline's waste)
+    placement: Placer = TOPOLOGY
+    gangs: GangBinding = WHOLE_GANGS
+    queue: QueueDiscipline = BACKFILL
     preemption: bool = True
     # A job runs at least this long before it may be preempted. 0: the youngest victims go
     # first and lose least (a restart is paid anyway); 10 min lost more work than it saved
@@ -36,8 +41,6 @@ class Policy:
     # with the simulator on the Philly trace).
     starvation_s: float = 4 * 3600.0
     max_reservations: int = 1
-    gang_timeout_s: float = 300.0  # partial gangs: Kueue's waitForPodsReady timeout
-    requeue_backoff_s: float = 60.0  # after a gang timeout
     max_preemption_candidates: int = 64
     max_preemption_searches_per_team: int = 2  # priority preemption, per cycle; 0: no bound
     # Reclaim searches (a job within its team's nominal) per team and cycle; 0: no bound, so
@@ -57,68 +60,21 @@ class Policy:
         delay and the deadline on the guards, then a victim's minimum run time. Infinite when
         the policy promises no bound (no quotas, no preemption, an infinite deadline, or a
         bound on reclaim searches, under which a team's head can keep the others waiting)."""
-        if not (self.quotas and self.preemption) or self.reclaim_searches_per_team:
+        if (
+            not (self.quotas and self.preemption)
+            or self.reclaim_searches_per_team
+            or self.gangs.holds_partial
+            or not self.queue.backfills
+        ):
             return float("inf")
         return max(self.preemption_delay_s, self.reclaim_deadline_s) + self.min_runtime_s
 
 
-FIFO = Policy(
-    "fifo",
-    quotas=False,
-    ordering="fifo",
-    strict_head_of_line=True,
-    placement="first_fit",
-    preemption=False,
-    starvation_s=float("inf"),
-)
-QUOTA_SPREAD = Policy(
-    "quota-spread",
-    ordering="priority_fifo",
-    placement="least_allocated",
-    partial_gangs=True,
-    preemption=False,
-    starvation_s=float("inf"),
-)
-# Kueue set up carefully for GPU teams: a ClusterQueue per team in one cohort with the same
-# quotas, BestEffortFIFO (non-borrowing heads first, then priority), Topology-Aware Scheduling
-# (a gang is admitted only with a placement in its required domain, so no partial gangs:
-# waitForPodsReady never fires), reclaimWithinCohort: Any, withinClusterQueue: LowerPriority,
-# no preemption guards of its own (Kueue has no minimum run time or preemption delay), no
-# starvation guard, and a bin-packing (MostAllocated) kube-scheduler. docs/simulator.md.
-KUEUE_TAS = Policy(
-    "kueue-tas",
-    ordering="kueue",
-    placement="topology_group_blind",
-    min_runtime_s=0.0,
-    preemption_delay_s=0.0,
-    max_preemptions=1 << 30,
-    max_victim_runtime_s=float("inf"),
-    reclaim_deadline_s=0.0,
-    max_preemption_searches_per_team=1,  # only a ClusterQueue's head may preempt in a cycle
-    reclaim_searches_per_team=1,
-    starvation_s=float("inf"),
-)
-# A bare cluster with the default kube-scheduler: one FIFO queue with backfill (a job that does
-# not fit does not stop the ones behind it), no quotas, no preemption, each replica on the
-# least-allocated node. Gangs are bound whole, as a coscheduling plugin would: without it,
-# partly bound gangs hold GPUs until the cluster deadlocks.
-FIFO_BACKFILL = Policy(
-    "fifo-backfill",
-    quotas=False,
-    ordering="fifo",
-    placement="least_allocated",
-    preemption=False,
-    starvation_s=float("inf"),
-)
 BERTH = Policy("berth")
 
 POLICIES: dict[str, Policy] = {
     p.name: p
     for p in (
-        FIFO,
-        FIFO_BACKFILL,
-        QUOTA_SPREAD,
-        KUEUE_TAS,
         BERTH,
         replace(BERTH, name="berth-no-preemption", preemption=False),
         replace(BERTH, name="berth-no-reservation", starvation_s=float("inf")),
@@ -131,10 +87,14 @@ class UnknownPolicyError(ValueError):
     pass
 
 
-def get_policy(name: str) -> Policy:
+def get_policy(name: str, known: Mapping[str, Policy] = POLICIES) -> Policy:
+    """A policy by name among `known` (Berth's own by default: what the store may run)."""
     try:
-        return POLICIES[name]
+        return known[name]
     except KeyError:
+        hint = ""
+        if known is POLICIES:
+            hint = " (the baselines, such as kueue-tas, run only in the simulator)"
         raise UnknownPolicyError(
-            f"unknown policy {name!r}; choose one of: {', '.join(POLICIES)}"
+            f"unknown policy {name!r}; choose one of: {', '.join(known)}{hint}"
         ) from None

@@ -21,11 +21,12 @@ Team weights for fair sharing live with the quotas, in teams.yaml (`weight`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from scheduling.config import ConfigError, explain, read_yaml
 from scheduling.policy import POLICIES, Policy
@@ -54,9 +55,13 @@ class PolicyFile(BaseModel):
 
     @field_validator("base")
     @classmethod
-    def _known_base(cls, v: str) -> str:
-        if v not in POLICIES:
-            raise ValueError(f"unknown policy {v!r}; start from one of: {', '.join(POLICIES)}")
+    def _known_base(cls, v: str, info: ValidationInfo) -> str:
+        known = _known(info)
+        if v not in known:
+            hint = ""
+            if known is POLICIES:
+                hint = " (the baselines, such as kueue-tas, run only in the simulator)"
+            raise ValueError(f"unknown policy {v!r}; start from one of: {', '.join(known)}{hint}")
         return v
 
     @field_validator("min_runtime_s", "preemption_delay_s")
@@ -69,25 +74,34 @@ class PolicyFile(BaseModel):
             )
         return v
 
-    def policy(self) -> Policy:
+    def policy(self, known: Mapping[str, Policy] = POLICIES) -> Policy:
         changes: dict[str, Any] = {
             k: v for k, v in self.model_dump(exclude={"base", "name"}).items() if v is not None
         }
-        return replace(POLICIES[self.base], name=self.name or f"{self.base}-custom", **changes)
+        return replace(known[self.base], name=self.name or f"{self.base}-custom", **changes)
 
 
-def parse_policy(data: Any, source: str = "policy.yaml") -> Policy:
-    """A Policy from a policy file's data; ConfigError naming each field and its fix."""
+def _known(info: ValidationInfo) -> Mapping[str, Policy]:
+    return (info.context or {}).get("policies", POLICIES)
+
+
+def parse_policy(
+    data: Any, source: str = "policy.yaml", known: Mapping[str, Policy] = POLICIES
+) -> Policy:
+    """A Policy from a policy file's data; ConfigError naming each field and its fix.
+
+    `known`: the policies a file may start from; Berth's own (what the store runs) unless the
+    simulator passes its baselines too."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: must be a mapping of knobs to values, e.g. `base: berth`")
     try:
-        return PolicyFile.model_validate(data).policy()
+        return PolicyFile.model_validate(data, context={"policies": known}).policy(known)
     except ValidationError as e:
         raise explain(Path(source), e) from None
 
 
-def load_policy(path: Path) -> Policy:
+def load_policy(path: Path, known: Mapping[str, Policy] = POLICIES) -> Policy:
     """Read and validate a policy file."""
-    return parse_policy(read_yaml(path), str(path))
+    return parse_policy(read_yaml(path), str(path), known)

@@ -182,8 +182,7 @@ class EngineState:
             self.capacity.give_placement(hold.bound, hold.job.cpu, hold.job.mem)
             self.quota.remove(hold.job.team, hold.job.demand)
             self._seq += 1
-            backoff = now + self.policy.requeue_backoff_s
-            self._enqueue(Pending(hold.job, now, self._seq, not_before=backoff))
+            self._enqueue(Pending(hold.job, now, self._seq, not_before=ev.retry_at))
         for pre in result.preempted:
             run = self.running.pop(pre.job_id, None)
             if run is None:

@@ -10,9 +10,10 @@ from scheduling.config import parse_cluster, parse_teams
 from scheduling.cycle import schedule
 from scheduling.decisions import CycleResult
 from scheduling.jobs import Job
-from scheduling.policy import Policy, get_policy
+from scheduling.policy import Policy
 from scheduling.quota import Team
 from scheduling.resources import Resources
+from scheduling.simulator.baselines import get_policy
 from scheduling.state import EngineState
 
 

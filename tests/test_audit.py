@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from scheduling.config import parse_cluster, parse_teams
-from scheduling.policy import POLICIES, Policy
+from scheduling.policy import Policy
 from scheduling.simulator.audit import Violation, audit, audit_or_raise, true_level
+from scheduling.simulator.baselines import POLICIES
 from scheduling.simulator.trace import TraceJob
 
 CLUSTER = parse_cluster(

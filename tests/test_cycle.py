@@ -8,6 +8,7 @@ from builders import World, admitted, cluster, job, policy, teams
 
 from scheduling.cycle import schedule
 from scheduling.decisions import Reason
+from scheduling.simulator.baselines import PartialGangs
 
 
 def _fingerprint(w: World) -> tuple:
@@ -126,7 +127,9 @@ def test_starving_gang_gets_a_reservation_and_the_domain_drains():
 
 def test_quota_spread_binds_replicas_one_by_one_and_times_out():
     w = World(
-        cluster(nodes=2, gpus=4, groups=1), teams(a=100), policy("quota-spread", gang_timeout_s=300)
+        cluster(nodes=2, gpus=4, groups=1),
+        teams(a=100),
+        policy("quota-spread", gangs=PartialGangs(timeout_s=300)),
     )
     w.submit(job("x", gpus=3), at=0).cycle(0)
     w.submit(job("gang", gpus=4, replicas=2), at=0)
@@ -137,7 +140,7 @@ def test_quota_spread_binds_replicas_one_by_one_and_times_out():
     res = w.cycle(400)
     assert [e.job_id for e in res.evicted] == ["gang"]
     assert w.state.capacity.total_free_gpus() == 5
-    assert w.state.pending["gang"].not_before == 400 + w.policy.requeue_backoff_s
+    assert w.state.pending["gang"].not_before == 400 + w.policy.gangs.backoff_s
 
 
 def test_a_submit_that_a_cycle_already_settles_needs_no_new_cycle():

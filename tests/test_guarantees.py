@@ -12,7 +12,7 @@ from builders import World, admitted, cluster, job, policy, teams
 
 from scheduling.decisions import Admit, CycleResult, Reason
 from scheduling.jobs import Placement, ReplicaPlacement
-from scheduling.policy import POLICIES
+from scheduling.simulator.baselines import POLICIES
 from scheduling.state import StateError
 
 QUICK = policy("berth", min_runtime_s=100, preemption_delay_s=50)

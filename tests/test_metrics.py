@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from scheduling.config import parse_cluster, parse_teams
-from scheduling.policy import POLICIES
+from scheduling.simulator.baselines import POLICIES
 from scheduling.simulator.metrics import ClusterInfo, TeamInfo, load_events, summarize
 from scheduling.simulator.sim import SimulationResult, simulate
 from scheduling.simulator.trace import TraceJob

@@ -6,7 +6,8 @@ from builders import World, admitted, cluster, job, policy, teams
 
 from scheduling.capacity import Capacity
 from scheduling.decisions import Reason
-from scheduling.placement import place_first_fit, place_gang, place_least_allocated
+from scheduling.placement import place_gang
+from scheduling.simulator.baselines import place_first_fit, place_least_allocated
 
 
 def world(**kw):  # one team, quota never in the way

@@ -10,8 +10,10 @@ import pytest
 
 from berth.settings import BerthSettings
 from scheduling.config import ConfigError
-from scheduling.policy import BERTH, FIFO
+from scheduling.policy import BERTH
 from scheduling.policy_file import load_policy, parse_policy
+from scheduling.simulator.baselines import FIFO
+from scheduling.simulator.baselines import POLICIES as SIM_POLICIES
 
 
 def test_an_empty_file_is_the_berth_policy_under_its_own_name():
@@ -40,15 +42,17 @@ def test_infinity_turns_the_starvation_guard_off():
     assert math.isinf(parse_policy({"starvation_s": float("inf")}).starvation_s)
 
 
-def test_a_baseline_can_be_the_base():
-    p = parse_policy({"base": "fifo"})
-    assert (p.quotas, p.strict_head_of_line, p.name) == (FIFO.quotas, True, "fifo-custom")
+def test_a_baseline_can_be_the_base_in_the_simulator_only():
+    p = parse_policy({"base": "fifo"}, known=SIM_POLICIES)
+    assert (p.quotas, p.queue.backfills, p.name) == (FIFO.quotas, False, "fifo-custom")
+    with pytest.raises(ConfigError, match="kueue-tas, run only in the simulator"):
+        parse_policy({"base": "fifo"})  # what the store reads
 
 
 @pytest.mark.parametrize(
     ("data", "field", "fix"),
     [
-        ({"base": "kueue"}, "base", "start from one of: fifo"),
+        ({"base": "kueue"}, "base", "start from one of: berth"),
         ({"starvation_s": 0}, "starvation_s", "greater than 0"),
         ({"min_runtime_s": -1}, "min_runtime_s", "greater than or equal to 0"),
         ({"preemption_delay_s": float("inf")}, "preemption_delay_s", "preemption: false"),

@@ -41,10 +41,11 @@ from hypothesis import strategies as st
 import scheduling.simulator.sim as sim
 from scheduling.cluster import GPU_GROUP, NODE, Cluster, Node
 from scheduling.config import parse_cluster, parse_teams
-from scheduling.policy import POLICIES, Policy
+from scheduling.policy import Policy
 from scheduling.quota import Team, cohort_pool
 from scheduling.resources import GPU_UNIT, Resources
 from scheduling.simulator.audit import Violation, audit, audit_or_raise
+from scheduling.simulator.baselines import POLICIES
 from scheduling.simulator.sim import SimulationResult, simulate
 from scheduling.simulator.trace import TraceJob
 
@@ -60,8 +61,8 @@ PROPERTY = settings(
 FRESH_SEED = int(os.environ.get("BERTH_PROPERTY_SEED") or int.from_bytes(os.urandom(4), "big"))
 # The baselines that place replicas one by one are blind to topology by design; kueue-tas
 # honours every requirement Kueue can express (a gpu_group one as node: the audit knows).
-TOPOLOGY_AWARE = [n for n, p in POLICIES.items() if p.placement.startswith("topology")]
-TOPOLOGY_BLIND = [n for n, p in POLICIES.items() if not p.placement.startswith("topology")]
+TOPOLOGY_AWARE = [n for n, p in POLICIES.items() if p.placement.whole_gangs_in_domain]
+TOPOLOGY_BLIND = [n for n, p in POLICIES.items() if not p.placement.whole_gangs_in_domain]
 BERTH = POLICIES["berth"]
 # Berth's knobs, drawn per scenario (a shrunk example shows the first of each list). In a
 # trace of minutes no job starves for berth's 4 h, and guards set for day-long jobs are seldom

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from scheduling.admission import check_job
-from scheduling.policy import get_policy
+from scheduling.simulator.baselines import get_policy
 from scheduling.simulator.sim import simulate, to_job
 from scheduling.simulator.trace import TraceJob
 from scheduling.simulator.workloads import FAMILIES, Workload, build, offered_load

@@ -17,8 +17,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from scheduling.config import ConfigError, load_cluster, load_teams
-from scheduling.policy import POLICIES, UnknownPolicyError, get_policy
+from scheduling.policy import UnknownPolicyError
 from scheduling.policy_file import load_policy
+from scheduling.simulator.baselines import POLICIES, get_policy
 from scheduling.simulator.trace import TraceFormatError, load_trace
 
 console = Console(stderr=True)
@@ -62,8 +63,8 @@ def policies() -> None:
     """List the scheduling policies the simulator knows."""
     for name, p in POLICIES.items():
         typer.echo(
-            f"{name:22} quotas={p.quotas} ordering={p.ordering} placement={p.placement} "
-            f"preemption={p.preemption} partial_gangs={p.partial_gangs}"
+            f"{name:22} quotas={p.quotas} ordering={p.ordering} placement={p.placement.name} "
+            f"preemption={p.preemption} gangs={p.gangs.name} queue={p.queue.name}"
         )
 
 
@@ -118,7 +119,7 @@ def simulate(
     try:
         chosen = [get_policy(n) for n in names] if compare or not policy_file else []
         if policy_file is not None:
-            chosen.append(load_policy(policy_file))
+            chosen.append(load_policy(policy_file, POLICIES))
         cl = load_cluster(cluster)
         tm = load_teams(teams)
         jobs = load_trace(trace)

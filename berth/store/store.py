@@ -108,10 +108,11 @@ class Store:
         self._live = live
         self.teams = teams
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
-        if self.policy.partial_gangs:
+        if self.policy.gangs.holds_partial or not self.policy.queue.backfills:
             raise UnsupportedPolicyError(
-                f"policy: {self.policy.name!r} binds partial gangs, which only the simulator "
-                "models; use 'berth' (or another policy without partial_gangs) with the store"
+                f"policy: {self.policy.name!r} is a baseline's ({self.policy.gangs.name} gangs, "
+                f"{self.policy.queue.name} queue), which only the simulator models; use 'berth' "
+                "or a policy file based on it with the store"
             )
         self.engine = connect(url, busy_timeout_s)
         create_schema(self.engine)

@@ -144,8 +144,8 @@ class _Auditor(DeficitBound):
             math.isfinite(self.bound)
             and policy.quotas
             and policy.preemption
-            and not policy.partial_gangs
-            and not policy.strict_head_of_line
+            and not policy.gangs.holds_partial
+            and policy.queue.backfills
         )
         self.waiting: dict[str, float] = {}
         self.shapes: dict[str, tuple[Resources, Resources, tuple]] = {}  # job -> `shape()`
@@ -225,7 +225,9 @@ class _Auditor(DeficitBound):
     def place(self, ev: Mapping[str, Any], job: TraceJob, state: str) -> int:
         """Apply an admit or hold; returns what it adds to the team's GPU usage."""
         jid, kind = job.job_id, ev["type"]
-        if state not in ("pending", "held") or (kind == "hold" and not self.policy.partial_gangs):
+        if state not in ("pending", "held") or (
+            kind == "hold" and not self.policy.gangs.holds_partial
+        ):
             self.flag(jid, "lifecycle", f"{kind} while {state} under policy {self.policy.name}")
             if state == "running":
                 return 0
@@ -251,7 +253,7 @@ class _Auditor(DeficitBound):
             if level != true:
                 self.flag(jid, "topology", f"level {level} but the placement spans a {true}")
             limit = CLUSTER if job.topology == "any" else job.topology
-            if limit == GPU_GROUP and self.policy.placement == "topology_group_blind":
+            if limit == GPU_GROUP and self.policy.placement.finest == NODE:
                 limit = NODE  # Kueue cannot ask for a GPU group: the best it can ask is a node
             if limit not in rank or rank[true] > rank[limit]:
                 self.flag(jid, "topology", f"spans a {true}; the job requires {job.topology}")
@@ -339,7 +341,7 @@ class _Auditor(DeficitBound):
             return
         if not job.preemptible:
             used = self.usage[team]
-            if self.policy.partial_gangs:
+            if self.policy.gangs.holds_partial:
                 # A cycle logs its holds before its admissions, whatever order it decided
                 # them in: leave out the quota of gangs held now (rare: a scan is fine).
                 for jid, st in self.state.items():

@@ -1,0 +1,116 @@
+"""What a `Policy` picks besides its knobs: where replicas go, how a gang is bound, and what a
+blocked job does to the queue behind it.
+
+The production cycle knows only Berth's own strategies, defined here: topology-aware
+placement (`TOPOLOGY`), whole gangs (`WHOLE_GANGS`), and backfill past a blocked job
+(`BACKFILL`). The baselines' behaviour (partial gangs held until a timeout, strict head of
+line, per-replica first-fit and spreading placement, Kueue's group-blind TAS) implements the
+same interfaces in `scheduling/simulator/baselines.py`, and the store refuses what only the
+simulator models. Ordering, preemption and the starvation guard are picked by the policy's
+knobs (`ordering`, `preemption`, `starvation_s`): each has one implementation in the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from scheduling.cluster import GPU_GROUP
+
+if TYPE_CHECKING:
+    from scheduling.capacity import Capacity
+    from scheduling.decisions import CycleResult, PendingReason
+    from scheduling.jobs import Job, Pending, Placement
+    from scheduling.policy import Policy
+    from scheduling.quota import QuotaLedger
+    from scheduling.snapshot import Snapshot
+
+
+@dataclass(frozen=True)
+class Placer:
+    """A placement strategy: every replica of a job on free capacity, or None.
+
+    `finest` is the finest topology level it tells apart: `gpu_group` for Berth, `node` for
+    Kueue's TAS (NVLink groups are below what Kueue sees). `whole_gangs_in_domain` says that it
+    places a gang only within the job's required topology domain; the per-replica baselines
+    do not. A placer never changes the Capacity it is given.
+    """
+
+    name: str
+    place: Callable[[Capacity, Job], Placement | None]
+    finest: str = GPU_GROUP
+    whole_gangs_in_domain: bool = True
+
+    def __call__(self, cap: Capacity, job: Job) -> Placement | None:
+        return self.place(cap, job)
+
+
+class CycleOps(Protocol):
+    """What a strategy may read and do in the cycle in progress (`cycle.Cycle`)."""
+
+    snap: Snapshot
+    policy: Policy
+    now: float
+    cap: Capacity
+    quota: QuotaLedger
+    result: CycleResult
+
+    def wake(self, t: float) -> None: ...
+
+    def place_or_explain(self, job: Job) -> PendingReason | None: ...
+
+
+class GangBinding(Protocol):
+    """How a job that quota admits gets its replicas bound."""
+
+    name: str
+    holds_partial: bool  # may bind some replicas of a gang and hold them across cycles
+
+    def bind_held(self, cycle: CycleOps) -> None:
+        """Before the queue: gangs partly bound in earlier cycles."""
+        ...
+
+    def bind(self, cycle: CycleOps, job: Job) -> PendingReason | None:
+        """Bind (admit or hold) the job; or say why it cannot be bound now."""
+        ...
+
+
+class QueueDiscipline(Protocol):
+    """What a job that could not be admitted does to the jobs behind it."""
+
+    name: str
+    backfills: bool  # jobs behind a blocked one are still tried
+
+    def blocked(self, cycle: CycleOps, pending: Pending) -> PendingReason | None:
+        """A reason that stops the cycle here for every job behind it; None: go on."""
+        ...
+
+
+@dataclass(frozen=True)
+class WholeGangs:
+    """Berth: a gang is admitted with a placement for every replica, or not at all."""
+
+    name: str = "whole"
+    holds_partial: bool = False
+
+    def bind_held(self, cycle: CycleOps) -> None:
+        return None  # nothing is ever held
+
+    def bind(self, cycle: CycleOps, job: Job) -> PendingReason | None:
+        return cycle.place_or_explain(job)
+
+
+@dataclass(frozen=True)
+class Backfill:
+    """Berth: a blocked job does not stop the queue; the jobs behind it are tried."""
+
+    name: str = "backfill"
+    backfills: bool = True
+
+    def blocked(self, cycle: CycleOps, pending: Pending) -> PendingReason | None:
+        return None
+
+
+WHOLE_GANGS = WholeGangs()
+BACKFILL = Backfill()
