@@ -29,7 +29,8 @@ from berth.store import (
     UnsupportedPolicyError,
 )
 from berth.store.rebuild import live_rows, rebuild
-from scheduling.policy import BERTH
+from scheduling.policy import BERTH, UnknownPolicyError
+from scheduling.simulator.baselines import QUOTA_SPREAD
 
 # 2 nodes x 4 GPUs (2 NVLink pairs each). a may borrow all of b's idle quota.
 CLUSTER = cluster(nodes=2, gpus=4, groups=2)
@@ -405,8 +406,10 @@ def test_bad_arguments_name_the_field(store: Store, store_url: str) -> None:
         store.jobs(states=["runing"])
     with pytest.raises(JobStateError, match="a1 is queued; mark_started needs it admitted"):
         store.mark_started("a1", 0)
-    with pytest.raises(UnsupportedPolicyError, match="quota-spread"):
+    with pytest.raises(UnknownPolicyError, match="baselines, such as kueue-tas, run only in"):
         Store(store_url, CLUSTER, TEAMS, "quota-spread")
+    with pytest.raises(UnsupportedPolicyError, match="'quota-spread' is a baseline's"):
+        Store(store_url, CLUSTER, TEAMS, QUOTA_SPREAD)  # built in the simulator, handed over
 
 
 # -- SQLite only --------------------------------------------------------------------------------
