@@ -45,12 +45,14 @@ from scheduling.preemption import PreemptionPlan, VictimPool, may_preempt, plan_
 from scheduling.quota import QuotaProblem
 from scheduling.reservation import choose_reservation
 from scheduling.resources import fmt_gpus
+from scheduling.shortcuts import FAST, Shortcuts
 from scheduling.snapshot import Snapshot
 
 
-def schedule(snapshot: Snapshot, policy: Policy) -> CycleResult:
-    """Run one cycle. Never changes `snapshot`."""
-    cycle = Cycle(snapshot, policy)  # 1. copy
+def schedule(snapshot: Snapshot, policy: Policy, shortcuts: Shortcuts = FAST) -> CycleResult:
+    """Run one cycle. Never changes `snapshot`. `shortcuts`: `EXACT` to check that the speed
+    shortcuts change nothing (scheduling/shortcuts.py)."""
+    cycle = Cycle(snapshot, policy, shortcuts)  # 1. copy
     policy.gangs.bind_held(cycle)  # 2. gangs
     cycle.hide_reservations()  # 3. reserve
     candidates = Candidates(snapshot, policy.ordering, cycle.share, cycle.borrows)  # 4. order
@@ -59,16 +61,27 @@ def schedule(snapshot: Snapshot, policy: Policy) -> CycleResult:
         if cycle.stopped_by is not None:
             break
     cycle.explain_rest()  # 6. explain
-    return cycle.result
+    r = cycle.result
+    r.fixed_point = not (r.admitted or r.preempted or r.holds or r.evicted) and (
+        r.reservations == snapshot.reservations
+    )
+    return r
+
+
+# A team that lost a job at this instant admits none of lower priority at this instant (no
+# priority inversion); those wait for the next one, this much later, which must come even if
+# nothing else happens (the shortcuts' test found a job left waiting ten minutes for it).
+NEXT_INSTANT_S = 1.0
 
 
 class Cycle:
     """The scratch state of one cycle and the decisions it has made so far. Strategies see it
     as `strategies.CycleOps`."""
 
-    def __init__(self, snap: Snapshot, policy: Policy) -> None:
+    def __init__(self, snap: Snapshot, policy: Policy, shortcuts: Shortcuts = FAST) -> None:
         self.snap = snap
         self.policy = policy
+        self.fast = shortcuts.on
         self.now = snap.now
         self.cap = snap.capacity.clone()
         self.quota = snap.quota.clone()
@@ -124,13 +137,14 @@ class Cycle:
         # and closes the class before the holder's turn.
         for job_id, res in held:
             job = self.snap.pending[job_id].job
-            if not job.shared:
+            if self.fast and not job.shared:
                 # Not enough free GPUs outside the other reservations: skip the placement
                 # attempt (and the unhiding and hiding it costs), which could only fail.
                 own = sum(self.cap.free_gpus(i) for i in res.nodes)
                 if self.cap.domain_free[CLUSTER][CLUSTER] + own < job.whole_gpus * job.replicas:
                     continue
             if job.priority < self.preempted_ceiling.get(job.team, job.priority):
+                self.wake(self.now + NEXT_INSTANT_S)
                 continue  # its team just lost a job of higher priority: that one goes first
             if self.quota.check(job.team, job.demand, job.preemptible) is None:
                 placement = self._place(job)
@@ -163,15 +177,28 @@ class Cycle:
         self.stopped_by = self.policy.queue.blocked(self, pending)
         if self.stopped_by is not None:
             return
-        # The rest of its class would fail alike: close it; they share this reason.
-        self.failed[(job.team, job.shape)] = reason
-        candidates.close_class(job.team, job.shape)
+        if not self._reserves_for_more(job):
+            # The rest of its class would fail alike: close it; they share this reason.
+            if self.fast:
+                self.failed[(job.team, pending.klass)] = reason
+                candidates.close_class(job.team, pending.klass)
+            else:  # examine them here, where closing the class skips them
+                for mate in candidates.take_class(job.team, pending.klass):
+                    self.nominate(mate, candidates)
+                    if self.stopped_by is not None:
+                        return
         starves_at = pending.since + self.policy.starvation_s
         if starves_at > self.now and reason.code != Reason.QUOTA:
             # The starvation guard (a reservation) will look at it again then. It has nothing
             # for a job that waits on quota: within its nominal, reclaim's bound serves it;
             # borrowing, it has no claim. A finish, which may change that, runs a cycle.
             self.wake(starves_at)
+
+    def _reserves_for_more(self, job: Job) -> bool:
+        """It holds a reservation and more are allowed: the rest of its class, if starving,
+        may get theirs (a class-mate cannot do better than it otherwise)."""
+        reservations = self.result.reservations
+        return job.id in reservations and len(reservations) < self.policy.max_reservations
 
     def _admit_or_explain(
         self, pending: Pending, candidates: Candidates
@@ -180,6 +207,7 @@ class Cycle:
         job = pending.job
         ceiling = self.preempted_ceiling.get(job.team)
         if ceiling is not None and job.priority < ceiling:
+            self.wake(self.now + NEXT_INSTANT_S)
             return Status.SKIPPED, PendingReason(
                 Reason.BEHIND,
                 f"a job of team {job.team} with priority {ceiling} was preempted just now; it "
@@ -262,9 +290,10 @@ class Cycle:
         # and replicas that needs as much of every resource or more per replica, in this
         # cycle (victims only get fewer): those searches are skipped.
         key = (job.team, job.priority, job.topology, job.shared, guarded, job.replicas)
-        if any(
+        known_to_fail = any(
             job.gpu >= g and job.cpu >= c and job.mem >= m for g, c, m in self.no_plan.get(key, ())
-        ):
+        )
+        if known_to_fail and self.fast:
             return None
         # Priority preemption: a team's first searches in a cycle
         # (max_preemption_searches_per_team), as each costs milliseconds on a big cluster.
@@ -278,9 +307,10 @@ class Cycle:
             limit = self.policy.reclaim_searches_per_team
         else:
             limit = self.policy.max_preemption_searches_per_team
-        if limit and tried >= limit:
+        if limit and tried >= limit and not known_to_fail:
             return None
-        self.searches[budget] = tried + 1
+        if not known_to_fail:  # one known to fail is not run at all in FAST: it costs nothing
+            self.searches[budget] = tried + 1
         if self.victim_pool is None:
             self.victim_pool = VictimPool(
                 self.snap,
@@ -311,7 +341,7 @@ class Cycle:
         the team, so they are remembered for the whole cycle (capacity only shrinks in it)."""
         own_reservation = job.id in self.result.reservations
         key = job.shape[1:6]  # replicas, gpu, cpu, mem, topology
-        if not own_reservation and key in self.no_room:
+        if self.fast and not own_reservation and key in self.no_room:
             return self.no_room[key]
         placement = self._place(job)
         if placement is not None:
@@ -344,6 +374,7 @@ class Cycle:
         res = self.result.reservations.pop(job.id, None)
         if res is not None:
             self.cap.unhide(res.nodes)
+            self.no_room.clear()  # capacity grew: what failed may fit now
 
     def _admit_with_preemption(
         self, job: Job, plan: PreemptionPlan, candidates: Candidates
@@ -358,9 +389,11 @@ class Cycle:
                 self.preempted_ceiling[v.team] = v.priority
             candidates.changed(v.team)
         self._admit(job, plan.placement, tuple(v.job.id for v in plan.victims))
-        # Capacity grew, but classes closed earlier stay closed until the next cycle (which
-        # runs at once after one that preempted): simpler, and no job is skipped for long.
+        # Capacity grew beyond what the preemptor took: what failed may fit now, and a search
+        # that failed may not fail again. Classes closed earlier stay closed until the next
+        # cycle, which runs at once after one that changed anything.
         self.no_room.clear()
+        self.no_plan.clear()
 
     def _maybe_reserve(self, pending: Pending) -> None:
         job = pending.job

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from scheduling.jobs import Job, Placement, ReplicaPlacement
+from scheduling.jobs import Job, Pending, Placement, ReplicaPlacement
 
 
 class Reason(StrEnum):
@@ -101,28 +101,35 @@ class CycleResult:
     reservations: dict[str, Reservation] = field(default_factory=dict)
     pending: dict[str, PendingReason] = field(default_factory=dict)  # jobs examined
     nominations: list[Nomination] = field(default_factory=list)  # every examined job, in order
-    by_shape: dict[tuple, PendingReason] = field(default_factory=dict)  # (team, shape) failures
+    by_shape: dict[tuple, PendingReason] = field(default_factory=dict)  # (team, class) failures
     tail: dict[str, PendingReason] = field(default_factory=dict)  # per team, for the rest
     next_wakeup: float | None = None  # a time-based change (timeout, backoff) is due then
     examined: int = 0
+    # It changed nothing (no decision, the same reservations): a cycle run again on its
+    # outcome, with nothing else changed, would decide the same. After an admission it may
+    # not: shares and the order move, and a search budget goes to another job.
+    fixed_point: bool = False
 
     def settles(self, job: Job) -> bool:
-        """True when this cycle already decided what a cycle would decide for a newly queued
-        `job`, given no other change: its class failed (and a new member queues behind the one
-        that failed), or its team's queue was closed. Time-driven changes come as next_wakeup.
-        """
+        """True when a cycle run now, with `job` newly queued and no other change, would
+        decide nothing: this one changed nothing, and its class failed (a new member queues
+        behind the one that failed) or its team's queue was closed. Time-driven changes come
+        as next_wakeup."""
+        if not self.fixed_point:
+            return False
         return (job.team, job.shape) in self.by_shape or job.team in self.tail
 
-    def reason_for(self, job: Job) -> PendingReason | None:
-        """Why `job` is still pending after this cycle; None if it was admitted or held.
+    def reason_for(self, pending: Pending) -> PendingReason | None:
+        """Why a queued job is still pending after this cycle; None if it was admitted or held.
 
         Jobs skipped because an identical job of their team had just failed share its reason;
         jobs behind a closed queue get their team's tail reason.
         """
+        job = pending.job
         if job.id in self.pending:
             return self.pending[job.id]
         if any(a.job.id == job.id for a in self.admitted):
             return None
         if any(h.job.id == job.id for h in self.holds):
             return None
-        return self.by_shape.get((job.team, job.shape)) or self.tail.get(job.team)
+        return self.by_shape.get((job.team, pending.klass)) or self.tail.get(job.team)

@@ -102,6 +102,14 @@ class Running:
         object.__setattr__(self, "loss", (self.job.priority, -self.start_time, self.job.id))
 
 
+RESTARTED = "restarted"  # the last element of the class of jobs whose wait restarted
+
+
+def clock_order(p: Pending) -> tuple[float, float, int]:
+    """The order within a class of restarted jobs: the longest waiting first."""
+    return (p.since, p.enqueued, p.seq)
+
+
 @dataclass(frozen=True, slots=True)
 class Pending:
     """A queued job; `order` sorts a team's queue (priority first, then FIFO).
@@ -117,11 +125,21 @@ class Pending:
     not_before: float = 0.0  # backoff after an eviction
     since: float = -1.0  # when this wait began; -1: at `enqueued`
     order: tuple[int, float, int] = field(init=False)
+    # Its class in its team's queue: jobs of one class succeed or fail alike in a cycle, so
+    # one that fails closes the class (scheduling/shortcuts.py). That needs their clocks in
+    # the class's order. Jobs whose wait a preemption restarted (since after enqueued) are
+    # a class of their shape apart, ordered by their clocks (`clock_order`); the others'
+    # clocks are their places in the queue.
+    klass: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "order", (-self.job.priority, self.enqueued, self.seq))
         if self.since < 0:
             object.__setattr__(self, "since", self.enqueued)
+        restarted = self.since != self.enqueued
+        object.__setattr__(
+            self, "klass", (*self.job.shape, RESTARTED) if restarted else self.job.shape
+        )
 
 
 @dataclass(frozen=True, slots=True)

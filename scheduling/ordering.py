@@ -12,7 +12,7 @@
 - `priority_fifo`: priority, then age, across all queues.
 - `fifo`: one global queue in submission order.
 
-Each team's queue is split into classes of identical jobs (`Job.shape`), each in FIFO order.
+Each team's queue is split into classes of identical jobs (`Pending.klass`), each in FIFO order.
 Jobs of one class fail or succeed alike within a cycle, so when one fails its class is closed
 and the rest of it costs nothing: a cycle's work grows with the number of classes, not of jobs.
 Merging the class cursors with a heap gives exactly the order of merging whole team queues.
@@ -82,6 +82,14 @@ class Candidates:
 
     def close_class(self, team: str, shape: tuple) -> None:
         self._closed_classes.add((team, shape))
+
+    def take_class(self, team: str, shape: tuple) -> list[Pending]:
+        """Close the class of the job just yielded and return the rest of it, in order: the
+        jobs that closing it skips (`shortcuts.EXACT` examines them there and then)."""
+        entries = self._teams[team]
+        rest = list(entries[0][3]) if entries and entries[0][1] == shape else []
+        self.close_class(team, shape)
+        return rest
 
     def _head(self, team: str) -> Pending | None:
         """The team's next job, past classes closed since they were queued."""

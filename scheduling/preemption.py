@@ -59,7 +59,7 @@ class VictimPool:
         self.upcoming: list[Running] = []
         self.min_runtime_s = min_runtime_s
         self.max_preemptions = max_preemptions
-        self._queues = snap.queues  # team -> classes of pending jobs (Job.shape)
+        self._queues = snap.queues  # team -> classes of pending jobs (Pending.klass)
         now = snap.now
         self._snap = snap
         # Only jobs started inside the window [now - max_runtime, ...] can be within the guards.
@@ -139,7 +139,7 @@ class VictimPool:
         within the team's nominal (reclaim). When no node has room for the team's smallest
         whole-GPU replica, it must also bring its node to that many GPUs with the victims
         already allowed, or it frees no slot for anyone."""
-        shapes = list(self._queues.get(team, ()))
+        shapes = [k[:7] for k in self._queues.get(team, ())]  # a class starts with Job.shape
         if not shapes:
             return None
         top = max(shape[0] for shape in shapes)

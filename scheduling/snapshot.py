@@ -16,7 +16,7 @@ from sortedcontainers import SortedKeyList
 from scheduling.capacity import Capacity
 from scheduling.cluster import Cluster
 from scheduling.decisions import Reservation
-from scheduling.jobs import Hold, Pending, Running
+from scheduling.jobs import RESTARTED, Hold, Pending, Running
 from scheduling.quota import QuotaLedger, Team
 
 
@@ -32,7 +32,7 @@ class Snapshot:
     running_by_start: SortedKeyList  # Running, by (start_time, job id)
     preemptible_by_team: Mapping[str, SortedKeyList]  # team -> Running, by Running.loss
     preemptible_gpus: Mapping[str, int]  # team -> GPUs (milli) of those
-    queues: Mapping[str, Mapping[tuple, SortedKeyList]]  # team -> Job.shape -> Pending, FIFO
+    queues: Mapping[str, Mapping[tuple, SortedKeyList]]  # team -> Pending.klass -> Pending, FIFO
     pending: Mapping[str, Pending]  # job id -> Pending
     holds: Mapping[str, Hold]
     reservations: Mapping[str, Reservation]
@@ -42,5 +42,10 @@ class Snapshot:
 
     def position(self, pending: Pending) -> int:
         """1-based position of a job in its team's queue (all its classes merged)."""
-        classes = self.queues[pending.job.team].values()
-        return 1 + sum(q.bisect_key_left(pending.order) for q in classes)
+        before = 0
+        for klass, q in self.queues[pending.job.team].items():
+            if klass[-1] == RESTARTED:  # in the order of their clocks: count them
+                before += sum(1 for p in q if p.order < pending.order)
+            else:
+                before += q.bisect_key_left(pending.order)
+        return 1 + before

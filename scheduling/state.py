@@ -18,7 +18,7 @@ from sortedcontainers import SortedKeyList
 from scheduling.capacity import Capacity
 from scheduling.cluster import Cluster
 from scheduling.decisions import CycleResult, Reservation
-from scheduling.jobs import Hold, Job, Pending, Placement, Running
+from scheduling.jobs import RESTARTED, Hold, Job, Pending, Placement, Running, clock_order
 from scheduling.policy import Policy
 from scheduling.quota import QuotaLedger, Team
 from scheduling.snapshot import Snapshot
@@ -57,7 +57,7 @@ class EngineState:
         self.preemptible_by_team: dict[str, SortedKeyList] = {}
         self.preemptible_gpus: dict[str, int] = {}
         self.pending: dict[str, Pending] = {}
-        # team -> class of identical jobs (Job.shape) -> its pending jobs in queue order
+        # team -> class of identical jobs (Pending.klass) -> its pending jobs in queue order
         self.queues: dict[str, dict[tuple, SortedKeyList]] = {t: {} for t in teams}
         self.holds: dict[str, Hold] = {}
         self.reservations: dict[str, Reservation] = {}
@@ -193,7 +193,8 @@ class EngineState:
             team, prio = run.job.team, run.job.priority
             when, top = self.last_preempted.get(team, (None, prio))
             self.last_preempted[team] = (now, max(prio, top) if when == now else prio)
-            # Back to its old place in the queue; its waiting clock starts again now.
+            # Back to the queue, its waiting clock started again now: among jobs identical to
+            # it whose wait restarted too, by that clock; among the others, at its old place.
             self._enqueue(replace(self._origin.pop(pre.job_id), since=now))
         for hu in result.holds:
             self._bind(hu.job, hu.bound, now)
@@ -263,9 +264,10 @@ class EngineState:
             raise StateError(f"unknown team {p.job.team}")
         self.pending[p.job.id] = p
         classes = self.queues[p.job.team]
-        queue = classes.get(p.job.shape)
+        queue = classes.get(p.klass)
         if queue is None:
-            queue = classes[p.job.shape] = SortedKeyList(key=_order)
+            key = clock_order if p.klass[-1] == RESTARTED else _order
+            queue = classes[p.klass] = SortedKeyList(key=key)
         queue.add(p)
         return p
 
@@ -274,8 +276,8 @@ class EngineState:
         if p is None:
             raise StateError(f"job {job_id} is not pending")
         classes = self.queues[p.job.team]
-        queue = classes[p.job.shape]
+        queue = classes[p.klass]
         queue.remove(p)
         if not queue:
-            del classes[p.job.shape]
+            del classes[p.klass]
         return p

@@ -65,7 +65,7 @@ def test_topology_requirement_is_a_hard_limit():
     w.submit(job("needs-node", gpus=2, replicas=2, topology="node"))
     res = w.cycle()
     assert "needs-node" not in admitted(res)
-    reason = res.reason_for(w.state.pending["needs-node"].job)
+    reason = res.reason_for(w.state.pending["needs-node"])
     assert reason.code == Reason.NO_PLACEMENT and reason.level == "node"
     w.submit(job("anywhere", gpus=2, replicas=2))
     assert "anywhere" in admitted(w.cycle())

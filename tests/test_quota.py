@@ -19,7 +19,7 @@ def test_team_borrows_idle_quota_up_to_its_borrowing_limit():
     w.submit(*[job(f"a{i}", "a", gpus=2) for i in range(5)])
     res = w.cycle()
     assert len(admitted(res)) == 4  # 8 GPUs = nominal 4 + borrowing limit 4
-    reason = res.reason_for(w.state.pending["a4"].job)
+    reason = res.reason_for(w.state.pending["a4"])
     assert reason.code == Reason.QUOTA and reason.resource == "gpus"
     assert "borrowing_limit" in reason.message
 
@@ -39,7 +39,7 @@ def test_non_preemptible_job_may_not_borrow():
     )
     res = w.cycle()
     assert admitted(res) == ["safe"]
-    reason = res.reason_for(w.state.pending["more"].job)
+    reason = res.reason_for(w.state.pending["more"])
     assert reason.code == Reason.QUOTA and "non-preemptible" in reason.message
 
 

@@ -191,7 +191,7 @@ def _explain(
     for job_id, pending in rb.state.pending.items():
         if job_id in victims:  # back in the engine's queue, but stopping in the tables
             continue
-        reason: PendingReason | None = result.reason_for(pending.job)
+        reason: PendingReason | None = result.reason_for(pending)
         values = {
             "reason_code": str(reason.code) if reason else None,
             "reason_message": reason.message if reason else None,
