@@ -41,12 +41,13 @@ from scheduling.jobs import Job, Pending, Placement, Running
 from scheduling.ordering import Candidates
 from scheduling.placement import max_level
 from scheduling.policy import Policy
-from scheduling.preemption import PreemptionPlan, VictimPool, may_preempt, plan_preemption
+from scheduling.preemption import PreemptionPlan, may_preempt, plan_preemption
 from scheduling.quota import QuotaProblem
 from scheduling.reservation import choose_reservation
 from scheduling.resources import fmt_gpus
 from scheduling.shortcuts import FAST, Shortcuts
 from scheduling.snapshot import Snapshot
+from scheduling.victims import VictimPool
 
 
 def schedule(snapshot: Snapshot, policy: Policy, shortcuts: Shortcuts = FAST) -> CycleResult:

@@ -14,164 +14,22 @@ preempted that the preemptor does not need gone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import chain
-from operator import attrgetter
 
 from scheduling.capacity import Capacity
 from scheduling.jobs import Job, Placement, Running
-from scheduling.placement import place_gang
+from scheduling.placement import TOPOLOGY
 from scheduling.quota import QuotaLedger, below_nominal_after
-from scheduling.resources import Resources
 from scheduling.snapshot import Snapshot
-
-Placer = Callable[[Capacity, Job], Placement | None]  # the policy's gang placement
+from scheduling.strategies import Placer
+from scheduling.victims import BY_LOSS, VictimPool
 
 
 @dataclass(frozen=True, slots=True)
 class PreemptionPlan:
     placement: Placement
     victims: tuple[Running, ...]
-
-
-class VictimPool:
-    """Running jobs that may be preempted now, by team, cheapest losses first. Built once per
-    cycle, on the first preemption attempt.
-
-    - `reclaimable[False]`: preemptible and past their minimum run time: what a lender may take
-      back from a borrowing team once its deadline has passed; `reclaimable[True]`: those
-      within the guards below, what it may take before.
-    - `by_team` (priority victims): those, less jobs already preempted `max_preemptions` times
-      or running longer than `max_runtime_s`: a team's own higher-priority job may not destroy
-      long work or preempt the same job again and again."""
-
-    def __init__(
-        self,
-        snap: Snapshot,
-        min_runtime_s: float,
-        max_preemptions: int,
-        max_runtime_s: float = float("inf"),
-    ) -> None:
-        by_team: dict[str, list[Running]] = {}
-        # Jobs that will pass their minimum run time later, in start order: when a search
-        # fails, the cycle wakes up as the first of these that it could use becomes eligible.
-        self.upcoming: list[Running] = []
-        self.min_runtime_s = min_runtime_s
-        self.max_preemptions = max_preemptions
-        self._queues = snap.queues  # team -> classes of pending jobs (Pending.klass)
-        now = snap.now
-        self._snap = snap
-        # Only jobs started inside the window [now - max_runtime, ...] can be within the guards.
-        for r in snap.running_by_start.irange_key(min_key=(now - max_runtime_s,)):
-            if not r.job.preemptible:
-                continue
-            if r.start_time + min_runtime_s > now:  # the same sum as the wake-up
-                # Whatever its preemptions: past a lender's reclaim deadline the guards no
-                # longer spare it, so its minimum run time is a moment to wake up for.
-                self.upcoming.append(r)
-                continue
-            if r.preemptions >= max_preemptions or now - r.start_time > max_runtime_s:
-                continue
-            by_team.setdefault(r.job.team, []).append(r)
-        self.gpus: dict[str, int] = {}
-        # Per team, (priority, GPUs of its victims of lower priority): a cheap upper bound on
-        # what a priority preemption can free, before any list is built.
-        self.below: dict[str, list[tuple[int, int]]] = {}
-        for team, runs in by_team.items():
-            # Cheapest losses first: lower priority, then the most recently started.
-            runs.sort(key=_LOSS)
-            below, total, prio = [], 0, None
-            for r in runs:
-                if r.job.priority != prio:
-                    prio = r.job.priority
-                    below.append((prio, total))
-                total += r.job.demand.gpu
-            self.gpus[team] = total
-            self.below[team] = below
-        self.by_team = by_team
-        # Reclaim victims: within the guards (the priority victims) until the lender's job has
-        # waited `reclaim_deadline_s` (Policy); then every preemptible job past its minimum run
-        # time, listed only when first needed (never under an infinite deadline).
-        self.reclaimable: dict[bool, Mapping[str, Sequence[Running]]] = {True: by_team}
-        self.reclaimable_gpus: dict[bool, Mapping[str, int]] = {True: self.gpus}
-
-    def unguard(self) -> None:
-        """List every preemptible job past its minimum run time (reclaim past the deadline)."""
-        if False in self.reclaimable:
-            return
-        snap = self._snap
-        if self.min_runtime_s <= 0:  # every preemptible job: the state keeps them by team
-            self.reclaimable[False] = snap.preemptible_by_team  # read only
-            self.reclaimable_gpus[False] = snap.preemptible_gpus
-            return
-        everyone: dict[str, list[Running]] = {}
-        now = self._snap.now
-        for r in self._snap.running_by_start.irange_key(
-            max_key=(now - self.min_runtime_s, "\U0010ffff")
-        ):
-            if r.job.preemptible and r.start_time + self.min_runtime_s <= now:
-                everyone.setdefault(r.job.team, []).append(r)
-        for runs in everyone.values():
-            runs.sort(key=_LOSS)
-        self.reclaimable[False] = everyone
-        self.reclaimable_gpus[False] = {
-            t: sum(r.job.demand.gpu for r in rs) for t, rs in everyone.items()
-        }
-
-    def gpus_below(self, team: str, priority: int) -> int:
-        """GPUs of the team's victims with a priority lower than `priority`."""
-        out = 0
-        for prio, total in self.below.get(team, ()):
-            if prio >= priority:
-                return total
-            out = self.gpus[team]
-        return out
-
-    def next_eligible(self, cap: Capacity, quota: QuotaLedger, team: str) -> Running | None:
-        """After a failed search for one of `team`'s jobs: the first running job that
-        could help *any* of its pending jobs passes its minimum run time (a cycle searches
-        once per team, so the wake-up must serve them all). None if none could, as things
-        stand: a finish or an admission changes things, and runs a cycle anyway.
-
-        It could help if it is the team's own and of lower priority than one of its pending
-        jobs, or if it belongs to a borrowing team while one of its pending jobs would fit
-        within the team's nominal (reclaim). When no node has room for the team's smallest
-        whole-GPU replica, it must also bring its node to that many GPUs with the victims
-        already allowed, or it frees no slot for anyone."""
-        shapes = [k[:7] for k in self._queues.get(team, ())]  # a class starts with Job.shape
-        if not shapes:
-            return None
-        top = max(shape[0] for shape in shapes)
-        reclaims = any(
-            quota.fits_nominal_with(team, Resources(r * g, r * c, r * m))
-            for _, r, g, c, m, _, _ in shapes
-        )
-        lenders = [t for t in quota.borrowers if t != team] if reclaims else []
-        per_node = None
-        smallest = min(shape[2] for shape in shapes) // 1000  # 0: some job shares a GPU
-        if smallest and not any(cap.node_buckets[smallest:]):
-            per_node = {}
-            own = [r for r in self.by_team.get(team, ()) if r.job.priority < top]
-            for r in chain(own, *(self.reclaimable[True].get(t, ()) for t in lenders)):
-                for n, k in r.gpus_by_node:
-                    per_node[n] = per_node.get(n, cap.free_gpus(n)) + k
-        for r in self.upcoming:
-            v = r.job
-            if v.team == team:
-                if v.priority >= top or r.preemptions >= self.max_preemptions:
-                    continue
-            elif v.team not in lenders:
-                continue
-            if per_node is not None and not r.shares_gpu:
-                useful = False
-                for n, k in r.gpus_by_node:
-                    per_node[n] = per_node.get(n, cap.free_gpus(n)) + k
-                    useful = useful or (per_node[n] >= smallest and cap.usable(n))
-                if not useful:
-                    continue
-            return r  # eligible at r.start_time + min_runtime_s
-        return None
 
 
 def _reachable(
@@ -195,9 +53,6 @@ def _need(cap: Capacity, job: Job) -> int:
     return job.demand.gpu - cap.domain_free["cluster"]["cluster"] * 1000
 
 
-_LOSS = attrgetter("loss")  # Running.loss: cheapest losses first
-
-
 def may_preempt(snap: Snapshot, quota: QuotaLedger, job: Job) -> bool:
     """Cheap test whether a preemption plan is worth searching for."""
     if _reclaims(quota, job) and quota.any_borrowing(job.team):
@@ -219,7 +74,7 @@ def plan_preemption(
     excluded: set[str],
     max_candidates: int,
     spared_above: Mapping[str, int] | None = None,
-    place: Placer = place_gang,
+    place: Placer = TOPOLOGY,
     guarded: bool = True,
 ) -> PreemptionPlan | None:
     """Victims and the placement they make room for, or None. Does not change cap or quota.
@@ -255,7 +110,7 @@ def plan_preemption(
         )
     if not candidates:
         return None
-    candidates.sort(key=_LOSS)
+    candidates.sort(key=BY_LOSS)
     if job.replicas == 1 and not job.shared and place(cap, job) is None:
         # Room on one node is what it lacks; the per-node search covers every such plan.
         return _plan_on_one_node(candidates, cap, quota, job, place)

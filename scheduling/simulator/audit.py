@@ -140,13 +140,9 @@ class _Auditor(DeficitBound):
         # class (Job.shape) wait, the current instant's decisions, and per job the time by
         # which the engine had to act for it (and the victim it had), if nothing happens first.
         self.bound = policy.reclaim_bound_s
-        self.watch = (
-            math.isfinite(self.bound)
-            and policy.quotas
-            and policy.preemption
-            and not policy.gangs.holds_partial
-            and policy.queue.backfills
-        )
+        # Infinite for a policy that promises no bound (no quotas or preemption, partial
+        # gangs, strict head of line, a bounded reclaim search or an infinite deadline).
+        self.watch = math.isfinite(self.bound)
         self.waiting: dict[str, float] = {}
         self.shapes: dict[str, tuple[Resources, Resources, tuple]] = {}  # job -> `shape()`
         self.classes: dict[tuple, int] = {}

@@ -109,7 +109,9 @@ def _least_allocated_node(cap: Capacity, job: Job, g: int) -> int | None:
 
 
 FIRST_FIT = Placer("first_fit", place_first_fit, NODE, whole_gangs_in_domain=False)
-LEAST_ALLOCATED = Placer("least_allocated", place_least_allocated, NODE, False)
+LEAST_ALLOCATED = Placer(
+    "least_allocated", place_least_allocated, NODE, whole_gangs_in_domain=False
+)
 # Kueue's Topology-Aware Scheduling with a bin-packing kube-scheduler: the whole gang in the
 # tightest domain of its required level, from the node up. A `gpu_group` requirement can only
 # be asked as `node`, and the node is chosen without looking at its groups (the device plugin
