@@ -152,6 +152,7 @@ class JobSpec(BaseModel):
             topology=self.topology,
             preemptible=self.preemptible,
             submit_time=submit_time,
+            time_limit_s=math.inf if self.time_limit_s is None else self.time_limit_s,
         )
 
 

@@ -62,6 +62,12 @@ def check_job(
         return Rejection("invalid", "gpus_per_replica", f"gpus_per_replica {problem}")
     if job.cpu < 0 or job.mem < 0:
         return Rejection("invalid", "cpus_per_replica", "CPUs and memory must be >= 0")
+    if not job.time_limit_s > 0:  # NaN too; infinite means no limit
+        return Rejection(
+            "invalid",
+            "time_limit_s",
+            f"time_limit_s must be more than 0 s, got {job.time_limit_s:g}; or leave it out",
+        )
     if not cluster.level_known(job.topology):
         levels = ", ".join(["any", *cluster.order[:-1]])
         return Rejection(

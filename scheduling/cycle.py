@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from scheduling.backfill import Shadows, backfill_nodes
 from scheduling.cluster import CLUSTER, GPU_GROUP, NODE
 from scheduling.decisions import (
     Admit,
@@ -105,6 +106,7 @@ class Cycle:
         self.place = policy.placement
         self.stopped_by: PendingReason | None = None
         self.suspended: set[str] = set()  # reservations whose holder is blocked by quota
+        self.shadows = Shadows(snap)  # when each reservation's nodes drain (EASY backfill)
 
     def share(self, team: str) -> float:
         return self.quota.dominant_share(team, self.total)
@@ -341,10 +343,11 @@ class Cycle:
         """Admit if a placement exists now; else why not. Placement failures do not depend on
         the team, so they are remembered for the whole cycle (capacity only shrinks in it)."""
         own_reservation = job.id in self.result.reservations
-        key = job.shape[1:6]  # replicas, gpu, cpu, mem, topology
+        opened = self._backfill(job)
+        key = (*job.shape[1:6], opened)  # replicas, gpu, cpu, mem, topology; reserved nodes
         if self.fast and not own_reservation and key in self.no_room:
             return self.no_room[key]
-        placement = self._place(job)
+        placement = self._place(job, opened)
         if placement is not None:
             self._admit(job, placement)
             return None
@@ -353,13 +356,36 @@ class Cycle:
             self.no_room[key] = reason
         return reason
 
-    def _place(self, job: Job) -> Placement | None:
+    def _backfill(self, job: Job) -> tuple[int, ...]:
+        """Reserved nodes this job may use: it ends (its time limit) before their holders
+        could start there (scheduling/backfill.py)."""
+        if (
+            not self.result.reservations
+            or job.time_limit_s == math.inf
+            or not self.policy.easy_backfill
+        ):
+            return ()
+        return backfill_nodes(
+            self.shadows,
+            self.result.reservations,
+            self.cap.hidden,
+            self.result.admitted,
+            self.victims,
+            job.id,
+            self.now + job.time_limit_s,
+        )
+
+    def _place(self, job: Job, backfill: tuple[int, ...] = ()) -> Placement | None:
         res = self.result.reservations.get(job.id)
         if res is not None and job.id in self.suspended:
             res = None  # its nodes are not hidden this cycle
         if res is not None:
             self.cap.unhide(res.nodes)
+        if backfill:
+            self.cap.unhide(backfill)
         placement = self.place(self.cap, job)
+        if backfill:
+            self.cap.hide(backfill)  # what it took there stays taken
         if res is not None and placement is None:
             self.cap.hide(res.nodes)
         return placement
@@ -395,6 +421,7 @@ class Cycle:
         # cycle, which runs at once after one that changed anything.
         self.no_room.clear()
         self.no_plan.clear()
+        self.shadows.forget()  # the victims on reserved nodes end now, not at their limits
 
     def _maybe_reserve(self, pending: Pending) -> None:
         job = pending.job

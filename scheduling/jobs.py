@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from scheduling.resources import GPU_UNIT, Resources
@@ -12,7 +13,10 @@ class Job:
     """A gang request: `replicas` x (gpu, cpu, mem) per replica, all or nothing.
 
     `gpu` is in milli-GPUs per replica: a multiple of 1000 for whole GPUs, or below 1000 for a
-    share of one GPU. Validation lives in `admission.check_job`; the engine trusts a Job.
+    share of one GPU. `time_limit_s`: the most seconds one run may take, enforced by whoever
+    runs it (the runtime stops it there); infinite when the job gives none. Only a job with a
+    limit may backfill the nodes of a reservation (EASY backfill, `scheduling/backfill.py`).
+    Validation lives in `admission.check_job`; the engine trusts a Job.
     """
 
     id: str
@@ -25,9 +29,13 @@ class Job:
     topology: str = "any"
     preemptible: bool = True
     submit_time: float = 0.0
+    time_limit_s: float = math.inf
     demand: Resources = field(init=False, repr=False, compare=False)  # the whole gang's request
-    # Jobs of one shape and team succeed or fail alike within a cycle (the class queues).
-    shape: tuple[int, int, int, int, int, str, bool] = field(init=False, repr=False, compare=False)
+    # Jobs of one shape and team succeed or fail alike within a cycle (the class queues); the
+    # time limit is part of it, as it decides which reserved nodes a job may backfill.
+    shape: tuple[int, int, int, int, int, str, bool, float] = field(
+        init=False, repr=False, compare=False
+    )
     # GPUs per replica when exclusive; 0 for a shared (fractional) replica.
     whole_gpus: int = field(init=False, repr=False, compare=False)
     shared: bool = field(init=False, repr=False, compare=False)  # a fraction of one GPU
@@ -35,7 +43,16 @@ class Job:
     def __post_init__(self) -> None:
         r = self.replicas
         object.__setattr__(self, "demand", Resources(self.gpu * r, self.cpu * r, self.mem * r))
-        shape = (self.priority, r, self.gpu, self.cpu, self.mem, self.topology, self.preemptible)
+        shape = (
+            self.priority,
+            r,
+            self.gpu,
+            self.cpu,
+            self.mem,
+            self.topology,
+            self.preemptible,
+            self.time_limit_s,
+        )
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "whole_gpus", self.gpu // GPU_UNIT if self.gpu >= GPU_UNIT else 0)
         object.__setattr__(self, "shared", 0 < self.gpu < GPU_UNIT)

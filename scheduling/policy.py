@@ -41,6 +41,9 @@ class Policy:
     # with the simulator on the Philly trace).
     starvation_s: float = 4 * 3600.0
     max_reservations: int = 1
+    # A job with a time limit may use reserved nodes if it ends before they drain (EASY
+    # backfill, scheduling/backfill.py); jobs without limits never do either way.
+    easy_backfill: bool = True
     max_preemption_candidates: int = 64
     max_preemption_searches_per_team: int = 2  # priority preemption, per cycle; 0: no bound
     # Reclaim searches (a job within its team's nominal) per team and cycle; 0: no bound, so

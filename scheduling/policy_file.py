@@ -10,6 +10,7 @@ the one that runs.
     name: berth-patient        # how reports call it (default: <base>-custom)
     starvation_s: 7200         # blocked this long on placement -> its nodes are reserved
     max_reservations: 2
+    easy_backfill: true        # a job with a time_limit_s that ends in time may use reserved nodes
     min_runtime_s: 900         # no preemption of a job younger than this
     preemption_delay_s: 300    # a job waits this long before it may preempt
     max_preemptions: 1         # priority preemption; reclaim only until reclaim_deadline_s
@@ -51,6 +52,7 @@ class PolicyFile(BaseModel):
     reclaim_searches_per_team: Annotated[int, Field(ge=0, le=10_000)] | None = None
     starvation_s: Annotated[float, Field(gt=0)] | None = None  # .inf: no starvation guard
     max_reservations: Annotated[int, Field(ge=0, le=1_000)] | None = None
+    easy_backfill: bool | None = None
     reclaim_deadline_s: Seconds | None = None
 
     @field_validator("base")

@@ -89,6 +89,7 @@ def test_every_summary_field_matches_hand_computation() -> None:
         "finished": 3,
         "rejected": 1,
         "unfinished": 1,
+        "timed_out": 0,
         "preemptions": 1,
         "evictions": 1,
         "avg_jct_s": 80.0,  # JCTs 110, 80, 50

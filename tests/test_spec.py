@@ -88,6 +88,7 @@ def test_full_spec_parses_and_converts_to_engine_units():
         topology="node",
         preemptible=False,
         submit_time=5.0,
+        time_limit_s=86400.0,  # the engine's EASY backfill reads it
     )
     assert job.shared and job.demand == Resources(1000, 32_000, 4 * 32 * 1024)
 

@@ -136,6 +136,22 @@ def test_a_job_that_fits_the_quota_but_not_the_free_gpus_waits_for_placement(
     assert (a2.reason_code, a2.reason_level, a2.position) == ("no_placement", "node", 1)
 
 
+def test_a_job_with_a_time_limit_backfills_a_reservation_it_cannot_delay(make_store) -> None:
+    # EASY backfill through the store: x0's time limit (kept in its row) bounds when the node
+    # reserved for the starving gang drains; a job that ends before then may use it.
+    store = make_store(tm=teams(a=100), policy=replace(FAST, starvation_s=100))
+    submit(store, "x0", 0, gpus=2, time_limit_s=1000)
+    submit(store, "x1", 0, gpus=3)
+    assert store.schedule(now=1).admitted == ("x0", "x1")  # one node each
+    submit(store, "gang", 2, gpus=4)
+    store.schedule(now=150)  # starving: x0's node is reserved for it
+    submit(store, "long", 160, gpus=2)  # no limit: it could hold the node for ever
+    submit(store, "short", 161, gpus=2, time_limit_s=800)  # ends by 961, before x0's 1001
+    assert store.schedule(now=170).admitted == ("short",)
+    assert store.status("short").nodes == store.status("x0").nodes
+    assert store.status("long").reason_code == "no_placement"
+
+
 def test_preemption_waits_for_the_victim_to_stop_then_requeues_it_in_place(store: Store) -> None:
     submit(store, "a1", 0, gpus=4)
     submit(store, "a2", 1, gpus=4, priority=-1)  # borrowed; the cheaper loss

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -146,3 +147,16 @@ def test_an_unknown_family_is_named() -> None:
         build("nope", 0)
     with pytest.raises(ValueError, match="at least 10 jobs"):
         build("gangs", 0, 5)
+
+
+def test_gangs_limits_has_the_jobs_of_gangs_with_limits_no_run_reaches() -> None:
+    plain, limited = build("gangs", 2, N), build("gangs-limits", 2, N)
+    strip = [replace(j, time_limit_s=None) for j in limited.jobs]
+    assert strip == plain.jobs  # the workload held fixed: only the limits differ
+    worst = max(plain.cluster.slowdown.values())
+    need = np.array([(j.duration + 60.0) * worst for j in plain.jobs])
+    limits = np.array([j.time_limit_s for j in limited.jobs])
+    assert (limits >= need).all()  # a restart at the slowest level still ends in time
+    ratio = need / limits
+    assert 0.2 < float(np.median(ratio)) < 0.7  # users overestimate, about 2x at the median
+    assert len(set(limits.tolist())) <= 20  # round numbers, as users pick them

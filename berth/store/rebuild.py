@@ -19,6 +19,7 @@ capacity, after Berth's own jobs are placed back.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,7 @@ def job_of(row: Mapping[str, Any]) -> Job:
         topology=row["topology"],
         preemptible=bool(row["preemptible"]),
         submit_time=row["submitted_at"],
+        time_limit_s=math.inf if row["time_limit_s"] is None else row["time_limit_s"],
     )
 
 

@@ -84,6 +84,7 @@ jobs = Table(
     Column("priority", Integer, nullable=False),
     Column("topology", String(32), nullable=False),
     Column("preemptible", Boolean, nullable=False),
+    Column("time_limit_s", Float),  # None: no limit (the engine's infinite)
     # Queue order: a preempted or lost job keeps its place.
     Column("enqueued_at", Float, nullable=False),
     Column("seq", Integer, nullable=False),

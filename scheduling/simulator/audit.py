@@ -9,10 +9,11 @@ nominal), `preemption` (a victim the rules protect, a victim's team left below n
 reclaim by a team that would then be above its nominal, a preemptor that had not waited
 `preemption_delay_s`), `inversion` (a job preempted in a cycle that admits a lower-priority
 job of its team), `rejection` (a rejected job that could run on the empty cluster within its
-team's reach), `duration` (a run that did not last duration x slowdown), `liveness` (a job
-neither rejected nor finished at the end), `lifecycle` (an event that does not fit the
-job's state, or time going back) and `nominal_deficit` (a lender's job left waiting past
-`Policy.reclaim_bound_s` while a borrowed job could make room for it: `audit_deficit.py`).
+team's reach), `duration` (a run that did not last duration x slowdown, or one not stopped
+exactly at its time limit), `liveness` (a job neither rejected nor finished at the end),
+`lifecycle` (an event that does not fit the job's state, or time going back) and
+`nominal_deficit` (a lender's job left waiting past `Policy.reclaim_bound_s` while a
+borrowed job could make room for it: `audit_deficit.py`).
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ class _Auditor(DeficitBound):
                 self.note_take(job, kind, state)
         else:
             if kind == "finish":
-                self.check_duration(job)
+                self.check_duration(job, bool(ev.get("timed_out")))
             elif kind == "preempt":
                 self.check_preemption(job, str(ev.get("by")))
                 self.since[job_id] = t
@@ -374,9 +375,27 @@ class _Auditor(DeficitBound):
         if over:
             self.flag(job.job_id, "quota", f"the cohort lends more {over} than its teams lend")
 
-    def check_duration(self, job: TraceJob) -> None:
+    def check_duration(self, job: TraceJob, timed_out: bool = False) -> None:
         start, slowdown, restart = self.started.pop(job.job_id)
         ran, want = self.t - start, (job.duration + restart) * slowdown
+        limit = math.inf if job.time_limit_s is None else job.time_limit_s
+        # The runtime stops a run exactly at its time limit, and only one that needed more
+        # (with checkpoints, what it needed is less than `want`: unknown here).
+        needed_more = want > limit or bool(self.checkpoint_s)
+        if timed_out and not (needed_more and math.isclose(ran, limit, abs_tol=1e-6)):
+            self.flag(
+                job.job_id, "duration", f"stopped after {ran:g}s at a time limit of {limit:g}s"
+            )
+        if timed_out:
+            return
+        if ran > limit + 1e-6 or (want > limit and not self.checkpoint_s):
+            self.flag(
+                job.job_id,
+                "duration",
+                f"ran {ran:g}s (wanted {want:g}s) with a time limit of {limit:g}s; it should "
+                "have been stopped (timed_out) at its limit",
+            )
+            return
         if math.isclose(ran, want, rel_tol=1e-9, abs_tol=1e-6):
             return
         if self.checkpoint_s and 0 < ran < want:

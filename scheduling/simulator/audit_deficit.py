@@ -58,7 +58,8 @@ class DeficitBound:
         got = self.shapes.get(job.job_id)
         if got is None:
             r = Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
-            key = (job.team, job.priority, job.replicas, r, job.topology, job.preemptible)
+            limit = math.inf if job.time_limit_s is None else job.time_limit_s
+            key = (job.team, job.priority, job.replicas, r, job.topology, job.preemptible, limit)
             got = self.shapes[job.job_id] = (r, r * job.replicas, key)
         return got
 

@@ -149,6 +149,7 @@ class _Replay:
         self.int_admit = self.int_hold = self.int_free = self.int_partial = 0.0
         self.int_partial_hold = self.lost_gpu_s = 0.0
         self.preemptions = self.evictions = self.partial_gang = self.rejected = 0
+        self.timed_out = 0  # runs stopped at their time limit
         self.deficit = NominalDeficit({t.name: float(t.nominal_gpus) for t in teams})
         self.small_admits = self.small_single = 0
         self.slowdowns: list[float] = []
@@ -238,14 +239,20 @@ class _Replay:
             else:
                 self.evictions += 1
         elif kind in ("finish", "reject"):
-            if kind == "finish" and job.kind == "admit":
+            timed_out = kind == "finish" and bool(ev.get("timed_out"))
+            if timed_out and job.kind == "admit":
+                self.lost_gpu_s += (t - job.run_t) * job.amount  # stopped at its limit: all lost
+            elif kind == "finish" and job.kind == "admit":
                 # The work was done, but its restart (if any) redid nothing useful.
                 self.lost_gpu_s += job.run_restart * job.run_slowdown * job.amount
             self._release(job)
             self._set_need(job, 0.0)
             self.queue -= job.state == "queued"
             job.wait_since = math.nan
-            if kind == "finish":
+            if timed_out:  # ended without finishing: not a JCT
+                job.state = "timed_out"
+                self.timed_out += 1
+            elif kind == "finish":
                 job.state, job.finish_t = "finished", t
             elif job.state != "rejected":
                 job.state = "rejected"
@@ -412,7 +419,8 @@ class _Replay:
             "jobs": n,
             "finished": finished,
             "rejected": self.rejected,
-            "unfinished": n - finished - self.rejected,
+            "unfinished": n - finished - self.rejected - self.timed_out,
+            "timed_out": self.timed_out,
             "preemptions": self.preemptions,
             "evictions": self.evictions,
             "avg_jct_s": _r(_mean(jct_s), 3),

@@ -30,6 +30,7 @@ SUMMARY_ROWS: tuple[tuple[str, str], ...] = (
     ("jobs", "Jobs submitted"),
     ("finished", "Finished"),
     ("rejected", "Rejected"),
+    ("timed_out", "Stopped at their time limit"),
     ("unfinished", "Unfinished at end"),
     ("preemptions", "Preemptions"),
     ("evictions", "Evictions (gang timeouts)"),

@@ -57,6 +57,7 @@ def to_job(t: TraceJob) -> Job:
         topology=t.topology,
         preemptible=t.preemptible,
         submit_time=t.submit_time,
+        time_limit_s=math.inf if t.time_limit_s is None else t.time_limit_s,
     )
 
 
@@ -120,11 +121,14 @@ def simulate(
         while heap and heap[0][0] == now:
             _, kind, _, payload = heapq.heappop(heap)
             if kind == _FINISH:
-                job_id, token = payload
+                job_id, token, timed_out = payload
                 if attempt.get(job_id) != token:
                     continue  # preempted since this finish was planned
                 job = state.finish(job_id).job
-                emit({"t": now, "type": "finish", "job": job_id, "team": job.team})
+                ended = {"t": now, "type": "finish", "job": job_id, "team": job.team}
+                if timed_out:  # stopped at its time limit, its work undone
+                    ended["timed_out"] = True
+                emit(ended)
                 settled += 1
             elif kind == _SUBMIT:
                 job = jobs[payload]
@@ -217,10 +221,10 @@ def simulate(
             restart = restart_cost_s if job.id in restart_due else 0.0
             restart_due.discard(job.id)
             started_at[job.id] = (now, slowdown, restart)
-            heapq.heappush(
-                heap,
-                (now + (work_left[job.id] + restart) * slowdown, _FINISH, seq, (job.id, token)),
-            )
+            run = (work_left[job.id] + restart) * slowdown
+            timed_out = run > job.time_limit_s  # the runtime stops it at its limit
+            end = now + (job.time_limit_s if timed_out else run)
+            heapq.heappush(heap, (end, _FINISH, seq, (job.id, token, timed_out)))
             seq += 1
             admit_ev = {
                 "t": now,

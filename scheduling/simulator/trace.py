@@ -2,8 +2,10 @@
 
 A trace is a CSV file with a header row and one job per row. Required columns:
 `job_id, submit_time, team, replicas, gpus_per_replica, duration`; optional columns:
-`priority, topology, preemptible, cpus_per_replica, memory_gb_per_replica` (an empty cell
-means the default). Unknown columns are ignored so traces can carry notes.
+`priority, topology, preemptible, cpus_per_replica, memory_gb_per_replica, time_limit_s` (an
+empty cell means the default; `time_limit_s` is the most seconds one run may take: the
+simulator stops a run there, and only jobs with a limit backfill reserved nodes). Unknown
+columns are ignored so traces can carry notes.
 
 `load_trace` checks every row and reports every problem at once (line and column), because a
 trace with many bad rows would otherwise take as many edit-and-rerun cycles to fix. Whether a
@@ -48,6 +50,7 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
     "preemptible",
     "cpus_per_replica",
     "memory_gb_per_replica",
+    "time_limit_s",
 )
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 _MAX_LISTED = 50
@@ -68,6 +71,7 @@ class TraceJob:
     preemptible: bool = True
     cpus_per_replica: float = 0.0
     memory_gb_per_replica: float = 0.0
+    time_limit_s: float | None = None  # None: no limit
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,7 @@ def _row_validator() -> SchemaValidator:
         ),
         field("cpus_per_replica", number(ge=0), 0.0),
         field("memory_gb_per_replica", number(ge=0), 0.0),
+        field("time_limit_s", cs.nullable_schema(number(gt=0)), None),
     ]
     job = cs.dataclass_schema(
         TraceJob,

@@ -13,7 +13,10 @@ here stresses one thing the trace does not:
 - `bursty`: arrivals in on/off bursts (a quarter of the time on), each team slightly out of step;
 - `skewed`: one team holds 75 % of the nominal and arrives late; four small teams borrow
   heavily before it comes;
-- `long-short`: heavy-tailed durations, mostly minutes, a few multi-day jobs.
+- `long-short`: heavy-tailed durations, mostly minutes, a few multi-day jobs;
+- `gangs-limits`: the jobs of `gangs` (the same seed gives the same jobs), each with a time
+  limit as users give them (`_time_limits`): what EASY backfill around reservations buys,
+  the workload held fixed.
 
 Every family returns a `Workload` (cluster, teams, jobs) built through the project's own
 config parsers, so a family is exactly what `berth simulate` would read. Jobs are valid for
@@ -62,14 +65,20 @@ class Family:
     claim: str
     make: Callable[[np.random.Generator, int], _Spec]
     load: tuple[float, float]  # the offered load is drawn from this range per seed
+    like: str | None = None  # the family whose seeds it shares: the same jobs, other limits
+    limits: bool = False  # every job gives a time limit (`_time_limits`)
 
     def build(self, seed: int, jobs: int = DEFAULT_JOBS) -> Workload:
         """The workload of `seed` with `jobs` jobs; the same seed gives the same workload."""
         if jobs < 10:
             raise ValueError(f"a workload needs at least 10 jobs, got {jobs}")
-        rng = np.random.default_rng([zlib.crc32(self.name.encode()), seed])
+        rng = np.random.default_rng([zlib.crc32((self.like or self.name).encode()), seed])
         cluster, teams, drafts = self.make(rng, jobs)
-        return _finish(self.name, rng, cluster, teams, drafts, self.load)
+        work = _finish(self.like or self.name, rng, cluster, teams, drafts, self.load)
+        if not self.limits:
+            return work
+        limits = np.random.default_rng([zlib.crc32(b"time limits"), seed])
+        return work._replace(jobs=_time_limits(limits, work.cluster, work.jobs))
 
 
 def offered_load(cluster: Cluster, jobs: Sequence[TraceJob]) -> dict[str, float]:
@@ -145,6 +154,25 @@ def _finish(
         for i, d in enumerate(drafts)
     ]
     return Workload(cluster, teams, jobs)
+
+
+# Time limits as users pick them: round numbers, from 15 minutes to a week.
+_LIMITS_S = np.array([0.25, 0.5, 1, 2, 3, 4, 6, 8, 12, 16, 24, 36, 48, 72, 96, 120, 168]) * HOUR_S
+_RESTART_S = 60.0  # the simulator's default restart cost per preemption
+
+
+def _time_limits(
+    rng: np.random.Generator, cluster: Cluster, jobs: Sequence[TraceJob]
+) -> list[TraceJob]:
+    """Each job with a time limit: its run time at the slowest placement (restart included)
+    times an overestimate (log-normal, median 2x: users ask for more than they need, often
+    much more), rounded up to the next round number. No job runs into its limit."""
+    worst = max([1.0, *(float(s) for s in cluster.slowdown.values())])
+    over = 1.0 + rng.lognormal(0.0, 0.8, len(jobs))
+    need = np.array([(j.duration + _RESTART_S) * worst for j in jobs]) * over
+    at = np.minimum(np.searchsorted(_LIMITS_S, need), len(_LIMITS_S) - 1)
+    limits = np.maximum(_LIMITS_S[at], need)  # past a week: the need itself
+    return [replace(j, time_limit_s=float(lim)) for j, lim in zip(jobs, limits, strict=True)]
 
 
 def _poisson(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -338,6 +366,14 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "long-short", "heavy-tailed durations, a few multi-day jobs", _long_short, (0.9, 1.2)
+        ),
+        Family(
+            "gangs-limits",
+            "the gangs family's jobs with time limits: EASY backfill around reservations",
+            _gangs,
+            (0.9, 1.2),
+            like="gangs",
+            limits=True,
         ),
     )
 }
