@@ -352,9 +352,38 @@ class Cycle:
             self._admit(job, placement)
             return None
         reason = _no_placement(job)
+        if not own_reservation and len(self.cap.hidden) > len(opened):
+            reason = self._behind_reservations(job, reason)
         if not own_reservation:
             self.no_room[key] = reason
         return reason
+
+    def _behind_reservations(self, job: Job, reason: PendingReason) -> PendingReason:
+        """If the job would fit on nodes reserved for starving jobs: say so, and what time
+        limit would let it use them now (EASY backfill). Placing costs a try, made only when
+        some nodes are reserved and the job found no room elsewhere."""
+        held = [
+            (holder, res)
+            for holder, res in self.result.reservations.items()
+            if holder != job.id and self.cap.hidden.issuperset(res.nodes)
+        ]
+        nodes = [i for _, res in held for i in res.nodes]
+        self.cap.unhide(nodes)
+        fits = self.place(self.cap, job) is not None
+        self.cap.hide(nodes)
+        if not fits:
+            return reason
+        shadows = [self.shadows.shadow(res, self.result.admitted, self.victims) for _, res in held]
+        holders = ", ".join(holder for holder, _ in held)
+        msg = f"{reason.message}; it would fit on nodes reserved for starving job(s) {holders}"
+        # With a limit that ends by the earliest of their shadow times, every one of them opens
+        # to it, and it fits there (just tried). Unknown if a job there gives no limit.
+        drained = min(shadows)
+        if max(shadows) < math.inf and self.policy.easy_backfill:
+            most = drained - self.now
+            msg += f", which drain by t={drained:g}: with a time_limit_s of at most {most:g} s it"
+            msg += " could use them now"
+        return PendingReason(reason.code, msg, level=reason.level, resource=reason.resource)
 
     def _backfill(self, job: Job) -> tuple[int, ...]:
         """Reserved nodes this job may use: it ends (its time limit) before their holders

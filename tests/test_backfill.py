@@ -106,3 +106,18 @@ def test_a_failed_placement_is_not_remembered_for_a_job_that_may_backfill(shortc
     w.submit(job("short", gpus=2, time_limit_s=800.0), at=161)
     res = schedule(w.state.snapshot(170), w.policy, shortcuts)
     assert admitted(res) == ["short"]
+
+
+def test_a_job_kept_off_reserved_nodes_is_told_what_time_limit_would_let_it_on():
+    w = _reserved_world(x0_limit=1000.0)
+    w.submit(job("late", gpus=2), at=160)
+    reason = w.cycle(160).pending["late"]
+    assert reason.code == "no_placement"
+    assert "reserved for starving job(s) gang" in reason.message
+    assert "which drain by t=1000: with a time_limit_s of at most 840 s" in reason.message
+    # Where a job on the reserved node gives no limit, nobody knows when it drains.
+    w = _reserved_world(x0_limit=math.inf)
+    w.submit(job("late", gpus=2), at=160)
+    reason = w.cycle(160).pending["late"]
+    assert "reserved for starving job(s) gang" in reason.message
+    assert "time_limit_s" not in reason.message

@@ -108,6 +108,7 @@ def test_every_summary_field_matches_hand_computation() -> None:
         "gpu_busy": round(520 / 880, 4),
         "goodput": round((100 * 4 + 50 * 2 + 20 * 0.5) / 880, 4),  # finished jobs' work
         "gpu_hours_lost_to_preemption": round(20 * 0.5 / 3600, 4),  # j3's first run, no kept_s
+        "gpu_hours_lost_to_time_limits": 0.0,
         "fragmentation": round(250 / 330, 4),
         "jain_fairness": round((x_a + x_b) ** 2 / (2 * (x_a**2 + x_b**2)), 4),
         "partial_gang_jobs": 1,  # j2: 1 of its 2 replicas bound
@@ -601,3 +602,23 @@ def test_nominal_deficit_of_a_simulation_the_engine_may_not_reclaim() -> None:
         "t": 0.0,
         "u": round(2 * 4999 / 3600, 4),
     }
+
+
+def test_a_run_stopped_at_its_time_limit_is_not_a_finish_and_its_work_is_lost() -> None:
+    events = [
+        {"t": 0.0, "type": "submit", "job": "j", "team": "a", "gpus": 2, "duration": 500.0},
+        {
+            "t": 0.0,
+            "type": "admit",
+            "job": "j",
+            "team": "a",
+            "level": "node",
+            "placement": [{"node": "n1", "gpus": [0, 1]}],
+        },
+        {"t": 300.0, "type": "finish", "job": "j", "team": "a", "timed_out": True},
+    ]
+    d = summarize(events, TWO_NODES, TEAMS, policy="berth", wall_s=0.0).as_dict()
+    assert (d["finished"], d["timed_out"], d["unfinished"]) == (0, 1, 0)
+    assert d["avg_jct_s"] is None and d["goodput"] == 0.0
+    assert d["gpu_hours_lost_to_time_limits"] == round(300 * 2 / 3600, 4)
+    assert d["gpu_hours_lost_to_preemption"] == 0.0

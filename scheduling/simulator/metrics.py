@@ -147,7 +147,7 @@ class _Replay:
         self.used = self.partial_free = self.queue = 0
         self.admitted = self.holding = self.partial_holding = 0.0
         self.int_admit = self.int_hold = self.int_free = self.int_partial = 0.0
-        self.int_partial_hold = self.lost_gpu_s = 0.0
+        self.int_partial_hold = self.lost_gpu_s = self.timed_out_gpu_s = 0.0
         self.preemptions = self.evictions = self.partial_gang = self.rejected = 0
         self.timed_out = 0  # runs stopped at their time limit
         self.deficit = NominalDeficit({t.name: float(t.nominal_gpus) for t in teams})
@@ -241,7 +241,7 @@ class _Replay:
         elif kind in ("finish", "reject"):
             timed_out = kind == "finish" and bool(ev.get("timed_out"))
             if timed_out and job.kind == "admit":
-                self.lost_gpu_s += (t - job.run_t) * job.amount  # stopped at its limit: all lost
+                self.timed_out_gpu_s += (t - job.run_t) * job.amount  # stopped: all of it lost
             elif kind == "finish" and job.kind == "admit":
                 # The work was done, but its restart (if any) redid nothing useful.
                 self.lost_gpu_s += job.run_restart * job.run_slowdown * job.amount
@@ -438,6 +438,7 @@ class _Replay:
             "gpu_busy": _r(_div(self.int_admit, capacity), 4),
             "goodput": _r(_div(useful_gpu_s, capacity), 4),
             "gpu_hours_lost_to_preemption": _r(self.lost_gpu_s / 3600.0, 4),
+            "gpu_hours_lost_to_time_limits": _r(self.timed_out_gpu_s / 3600.0, 4),
             "fragmentation": _r(_div(self.int_partial, self.int_free), 4),
             "jain_fairness": _r(_jain(xs), 4),
             "partial_gang_jobs": self.partial_gang,

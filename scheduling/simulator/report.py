@@ -48,6 +48,7 @@ SUMMARY_ROWS: tuple[tuple[str, str], ...] = (
     ("gpu_busy", "GPU busy, admitted jobs only (0-1)"),
     ("goodput", "Goodput, work that counted toward finishing (0-1)"),
     ("gpu_hours_lost_to_preemption", "GPU-hours lost to preemption (redone work + restarts)"),
+    ("gpu_hours_lost_to_time_limits", "GPU-hours of runs stopped at their time limit"),
     ("fragmentation", "Fragmentation (0-1)"),
     ("jain_fairness", "Jain fairness over teams (0-1)"),
     ("partial_gang_jobs", "Gangs that held some but not all replicas"),
