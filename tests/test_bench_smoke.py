@@ -141,3 +141,14 @@ def test_lifecycle_bench_parts_without_airflow(tmp_path: Path) -> None:
         "median": 5.0, "min": 4.0, "max": 6.0, "n": 3,
     }  # fmt: skip
     assert summary["freed"]["x"]["median"] == 0.2
+
+
+def test_easy_backfill_bench_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "easy.json"
+    report = load("easy_backfill").main(["--jobs", "60", "--out", str(out)])
+    assert json.loads(out.read_text()) == report
+    assert [c["seed"] for c in report["cases"]] == [0, 10, 11, 12, 13, 1, 2, 3, 4]
+    for case in report["cases"]:
+        for pol in ("berth", "berth-no-easy"):
+            assert case[pol]["avg_jct_s"] > 0 and case[pol]["timed_out"] == 0
+    assert set(report["summary"]) == {"tuning", "held-out"}
