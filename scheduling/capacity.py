@@ -66,8 +66,9 @@ class Capacity:
         new.shares = self.shares.copy()  # inner dicts are copied on write
         new.load = self.load
         new.hidden = self.hidden.copy()
-        new.node_buckets = [b.copy() for b in self.node_buckets]
-        new.group_buckets = [[b.copy() for b in row] for row in self.group_buckets]
+        copy = set.copy  # mapped in C: a cycle clones tens of mostly empty sets
+        new.node_buckets = list(map(copy, self.node_buckets))
+        new.group_buckets = [list(map(copy, row)) for row in self.group_buckets]
         new.domain_free = {lv: d.copy() for lv, d in self.domain_free.items()}
         return new
 

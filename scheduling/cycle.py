@@ -25,6 +25,8 @@ and side effects belong to whoever applies the result (`state.EngineState.apply`
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Mapping
 from functools import lru_cache
 
 from scheduling.backfill import Shadows, backfill_nodes
@@ -42,7 +44,7 @@ from scheduling.jobs import Job, Pending, Placement, Running
 from scheduling.ordering import Candidates
 from scheduling.placement import max_level
 from scheduling.policy import Policy
-from scheduling.preemption import PreemptionPlan, may_preempt, plan_preemption
+from scheduling.preemption import PreemptionPlan, plan_preemption
 from scheduling.quota import QuotaProblem
 from scheduling.reservation import choose_reservation
 from scheduling.resources import fmt_gpus
@@ -107,6 +109,7 @@ class Cycle:
         self.stopped_by: PendingReason | None = None
         self.suspended: set[str] = set()  # reservations whose holder is blocked by quota
         self.shadows = Shadows(snap)  # when each reservation's nodes drain (EASY backfill)
+        self.running_floor: dict[str, int | None] = {}  # team -> its lowest running priority
 
     def share(self, team: str) -> float:
         return self.quota.dominant_share(team, self.total)
@@ -170,18 +173,23 @@ class Cycle:
             self._nominated(job, Status.SKIPPED, reason)
             self.wake(pending.not_before)
             return
-        self.result.examined += 1
+        result = self.result
+        result.examined += 1
         status, reason = self._admit_or_explain(pending, candidates)
-        self._nominated(job, status, reason)
+        result.nominations.append(Nomination(job.id, job.team, status, reason))
         if reason is None:
             candidates.changed(job.team)
             return
-        self.result.pending[job.id] = reason
-        self.stopped_by = self.policy.queue.blocked(self, pending)
+        result.pending[job.id] = reason
+        policy = self.policy
+        self.stopped_by = policy.queue.blocked(self, pending)
         if self.stopped_by is not None:
             return
-        if not self._reserves_for_more(job):
-            # The rest of its class would fail alike: close it; they share this reason.
+        reservations = result.reservations
+        if job.id not in reservations or len(reservations) >= policy.max_reservations:
+            # The rest of its class would fail alike: close it; they share this reason. Not
+            # while it holds a reservation and more are allowed: a starving class-mate may
+            # get one too (it cannot do better than this job otherwise).
             if self.fast:
                 self.failed[(job.team, pending.klass)] = reason
                 candidates.close_class(job.team, pending.klass)
@@ -190,18 +198,14 @@ class Cycle:
                     self.nominate(mate, candidates)
                     if self.stopped_by is not None:
                         return
-        starves_at = pending.since + self.policy.starvation_s
-        if starves_at > self.now and reason.code != Reason.QUOTA:
+        if reason.code == Reason.QUOTA:
+            return
+        starves_at = pending.since + policy.starvation_s
+        if starves_at > self.now:
             # The starvation guard (a reservation) will look at it again then. It has nothing
             # for a job that waits on quota: within its nominal, reclaim's bound serves it;
             # borrowing, it has no claim. A finish, which may change that, runs a cycle.
             self.wake(starves_at)
-
-    def _reserves_for_more(self, job: Job) -> bool:
-        """It holds a reservation and more are allowed: the rest of its class, if starving,
-        may get theirs (a class-mate cannot do better than it otherwise)."""
-        reservations = self.result.reservations
-        return job.id in reservations and len(reservations) < self.policy.max_reservations
 
     def _admit_or_explain(
         self, pending: Pending, candidates: Candidates
@@ -224,7 +228,7 @@ class Cycle:
             if reason is None:
                 return Status.FITS, None
         else:
-            reason = _quota(job, problem)
+            reason = _quota_reason(job.team, problem.resource, problem.limit)
         self.next_victim = None
         allowed_at = self._may_preempt(pending)
         status = Status.BLOCKED if allowed_at is None else Status.NEEDS_PREEMPTION
@@ -244,11 +248,21 @@ class Cycle:
 
     def _may_preempt(self, pending: Pending) -> float | None:
         """When the job may preempt: now or later (its preemption delay); None: never as
-        things stand."""
+        things stand: it may neither reclaim (its team below nominal with it, another team
+        borrowing) nor preempt a lower priority running in its team (preemption.py)."""
         if not self.policy.preemption:
             return None
-        if not may_preempt(self.snap, self.quota, pending.job):
-            return None
+        job = pending.job
+        team = job.team
+        quota = self.quota
+        if not (quota.fits_nominal_with(team, job.demand) and quota.any_borrowing(team)):
+            # The team's lowest running priority is read once per cycle (this runs for
+            # every job that waits): the snapshot's running jobs do not change within one.
+            floor = self.running_floor.get(team, _UNKNOWN)
+            if floor is _UNKNOWN:
+                floor = self.running_floor[team] = _lowest(self.snap.running_priorities, team)
+            if floor is None or floor >= job.priority:
+                return None
         # Waiting a little often beats killing work: turnover frees room without a restart.
         allowed_at = pending.since + self.policy.preemption_delay_s
         if allowed_at > self.now:
@@ -482,6 +496,14 @@ class Cycle:
                 self.result.tail.setdefault(team, self.stopped_by)
 
 
+_UNKNOWN = object()
+
+
+def _lowest(running_priorities: Mapping[str, Counter], team: str) -> int | None:
+    priorities = running_priorities.get(team)
+    return min(priorities) if priorities else None
+
+
 def _no_placement(job: Job) -> PendingReason:
     return _no_placement_reason(job.replicas, job.gpu, max_level(job))
 
@@ -497,10 +519,7 @@ def _no_placement_reason(replicas: int, gpu: int, level: str) -> PendingReason:
     )
 
 
-def _quota(job: Job, problem: QuotaProblem) -> PendingReason:
-    return _quota_reason(job.team, problem)
-
-
-@lru_cache(maxsize=4096)
-def _quota_reason(team: str, problem: QuotaProblem) -> PendingReason:
-    return PendingReason(Reason.QUOTA, problem.message(team), resource=problem.resource)
+@lru_cache(maxsize=4096)  # keyed by strings: hashing a QuotaProblem runs Python code
+def _quota_reason(team: str, resource: str, limit: str) -> PendingReason:
+    message = QuotaProblem(resource, limit).message(team)
+    return PendingReason(Reason.QUOTA, message, resource=resource)

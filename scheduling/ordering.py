@@ -46,9 +46,17 @@ class Candidates:
         self._ordering = ordering
         self._share = share
         self._borrows = borrows
+        # Plain functions, not bound methods: a bound method kept on self would make a
+        # reference cycle, and the garbage collector's passes over a cycle's leftovers cost
+        # more than the dispatch saved.
+        self._key_of = _KEYS.get(ordering, _fifo_key)
+        self._shares: dict[str, float] = {}  # per team, until its usage changes
         self._version: dict[str, int] = {}
         self._closed_classes: set[tuple[str, tuple]] = set()
+        self._queues = snap.queues
         # Per team: a heap of its classes' next jobs, (order in the team, shape, job, rest).
+        # `rest` is an iterator over the class past that job, None until it is needed: most
+        # classes close at their first job.
         self._teams: dict[str, list[tuple]] = {}
         self._heap: list[tuple] = []  # per team with jobs left: (key of its head, version, team)
         fifo = ordering == "fifo"
@@ -57,9 +65,8 @@ class Candidates:
                 continue
             entries = []
             for shape, queue in classes.items():
-                it = iter(queue)
-                p = next(it)
-                entries.append(((p.enqueued, p.seq) if fifo else p.order, shape, p, it))
+                p = queue[0]
+                entries.append(((p.enqueued, p.seq) if fifo else p.order, shape, p, None))
             heapq.heapify(entries)
             self._teams[team] = entries
             self._version[team] = 0
@@ -67,57 +74,84 @@ class Candidates:
         heapq.heapify(self._heap)
 
     def _key(self, p: Pending, team: str) -> tuple:
-        if self._ordering == "drf":
-            return (self._borrows(p), p.order[0], self._share(team), p.enqueued, p.seq)
-        if self._ordering == "kueue":
-            return (self._borrows(p), p.order[0], p.enqueued, p.seq)
-        if self._ordering == "priority_fifo":
-            return p.order
-        return (p.enqueued, p.seq)
+        return self._key_of(self, p, team)
 
     def changed(self, team: str) -> None:
         """The team's usage changed (admission or preemption): its head's key must be re-read."""
         if team in self._version:
             self._version[team] += 1
+            self._shares.pop(team, None)
 
     def close_class(self, team: str, shape: tuple) -> None:
         self._closed_classes.add((team, shape))
+
+    def _rest(self, team: str, shape: tuple, rest: Iterator[Pending] | None) -> Iterator[Pending]:
+        """The class past its first job, where `rest` is not made yet."""
+        if rest is None:
+            rest = iter(self._queues[team][shape])
+            next(rest)
+        return rest
 
     def take_class(self, team: str, shape: tuple) -> list[Pending]:
         """Close the class of the job just yielded and return the rest of it, in order: the
         jobs that closing it skips (`shortcuts.EXACT` examines them there and then)."""
         entries = self._teams[team]
-        rest = list(entries[0][3]) if entries and entries[0][1] == shape else []
+        rest: list[Pending] = []
+        if entries and entries[0][1] == shape:
+            order, _, p, it = entries[0]
+            it = self._rest(team, shape, it)
+            rest = list(it)
+            entries[0] = (order, shape, p, it)  # spent: a class-mate taking it gets none
         self.close_class(team, shape)
         return rest
 
-    def _head(self, team: str) -> Pending | None:
-        """The team's next job, past classes closed since they were queued."""
-        entries = self._teams[team]
-        closed = self._closed_classes
-        while entries and (team, entries[0][1]) in closed:
-            heapq.heappop(entries)
-        return entries[0][2] if entries else None
-
     def __iter__(self) -> Iterator[Pending]:
         heap, version, teams = self._heap, self._version, self._teams
+        closed, key_of = self._closed_classes, self._key_of
         fifo = self._ordering == "fifo"
+        heappop, heappush = heapq.heappop, heapq.heappush
         while heap:
-            _, ver, team = heapq.heappop(heap)
-            p = self._head(team)
-            if p is None:
+            _, ver, team = heappop(heap)
+            entries = teams[team]
+            while entries and (team, entries[0][1]) in closed:  # past classes closed since
+                heappop(entries)
+            if not entries:
                 continue
+            p = entries[0][2]
             if ver != version[team]:  # its usage changed: re-key and let the heap decide
-                heapq.heappush(heap, (self._key(p, team), version[team], team))
+                heappush(heap, (key_of(self, p, team), version[team], team))
                 continue
             yield p
-            entries = teams[team]
-            _, shape, _, it = heapq.heappop(entries)  # p's class: it was the head
-            if (team, shape) not in self._closed_classes:
-                nxt = next(it, None)
+            _, shape, _, rest = heappop(entries)  # p's class: it was the head
+            if (team, shape) not in closed:
+                rest = self._rest(team, shape, rest)
+                nxt = next(rest, None)
                 if nxt is not None:
                     order = (nxt.enqueued, nxt.seq) if fifo else nxt.order
-                    heapq.heappush(entries, (order, shape, nxt, it))
-            p = self._head(team)
-            if p is not None:
-                heapq.heappush(heap, (self._key(p, team), version[team], team))
+                    heappush(entries, (order, shape, nxt, rest))
+            while entries and (team, entries[0][1]) in closed:
+                heappop(entries)
+            if entries:
+                heappush(heap, (key_of(self, entries[0][2], team), version[team], team))
+
+
+def _drf_key(c: Candidates, p: Pending, team: str) -> tuple:
+    share = c._shares.get(team)
+    if share is None:
+        share = c._shares[team] = c._share(team)
+    return (c._borrows(p), p.order[0], share, p.enqueued, p.seq)
+
+
+def _kueue_key(c: Candidates, p: Pending, team: str) -> tuple:
+    return (c._borrows(p), p.order[0], p.enqueued, p.seq)
+
+
+def _priority_fifo_key(c: Candidates, p: Pending, team: str) -> tuple:
+    return p.order
+
+
+def _fifo_key(c: Candidates, p: Pending, team: str) -> tuple:
+    return (p.enqueued, p.seq)
+
+
+_KEYS = {"drf": _drf_key, "kueue": _kueue_key, "priority_fifo": _priority_fifo_key}

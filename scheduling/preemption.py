@@ -21,7 +21,6 @@ from scheduling.capacity import Capacity
 from scheduling.jobs import Job, Placement, Running
 from scheduling.placement import TOPOLOGY
 from scheduling.quota import QuotaLedger, below_nominal_after
-from scheduling.snapshot import Snapshot
 from scheduling.strategies import Placer
 from scheduling.victims import BY_LOSS, VictimPool
 
@@ -51,14 +50,6 @@ def _reachable(
 def _need(cap: Capacity, job: Job) -> int:
     """GPUs (milli) the job needs beyond what is free anywhere."""
     return job.demand.gpu - cap.domain_free["cluster"]["cluster"] * 1000
-
-
-def may_preempt(snap: Snapshot, quota: QuotaLedger, job: Job) -> bool:
-    """Cheap test whether a preemption plan is worth searching for."""
-    if _reclaims(quota, job) and quota.any_borrowing(job.team):
-        return True
-    priorities = snap.running_priorities.get(job.team)
-    return bool(priorities) and min(priorities) < job.priority
 
 
 def _reclaims(quota: QuotaLedger, job: Job) -> bool:

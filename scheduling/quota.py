@@ -60,6 +60,14 @@ class QuotaProblem:
         return f"the cohort has no idle {self.resource} left to lend to team {team}"
 
 
+# `check` runs for every examined job: it hands out these instead of building a new one each time.
+_PROBLEMS = {
+    (resource, limit): QuotaProblem(resource, limit)
+    for resource in ("gpus", "cpus", "memory_gb")
+    for limit in ("borrowing_limit", "cohort", "nominal_non_preemptible")
+}
+
+
 def cohort_pool(teams: Mapping[str, Team]) -> Resources:
     """What the teams lend to each other in all: the sum of their lending limits."""
     pool = ZERO
@@ -131,11 +139,11 @@ class QuotaLedger:
         ag, ac, am = u.gpu + request.gpu, u.cpu + request.cpu, u.mem + request.mem
         c = self._ceiling[team]
         if ag > c.gpu:
-            return QuotaProblem("gpus", "borrowing_limit")
+            return _PROBLEMS["gpus", "borrowing_limit"]
         if ac > c.cpu:
-            return QuotaProblem("cpus", "borrowing_limit")
+            return _PROBLEMS["cpus", "borrowing_limit"]
         if am > c.mem:
-            return QuotaProblem("memory_gb", "borrowing_limit")
+            return _PROBLEMS["memory_gb", "borrowing_limit"]
         if not preemptible:
             n = self._nominal[team]
             over = (
@@ -148,16 +156,16 @@ class QuotaLedger:
                 else None
             )
             if over:
-                return QuotaProblem(over, "nominal_non_preemptible")
+                return _PROBLEMS[over, "nominal_non_preemptible"]
         # The team's draw on the lending pool: what it uses beyond its guaranteed part.
         g, used, cap = self._guaranteed[team], self.pool_used, self.pool_capacity
         gg, gc, gm = g.gpu, g.cpu, g.mem
         if ag > gg and used.gpu + (ag - gg) - (u.gpu - gg if u.gpu > gg else 0) > cap.gpu:
-            return QuotaProblem("gpus", "cohort")
+            return _PROBLEMS["gpus", "cohort"]
         if ac > gc and used.cpu + (ac - gc) - (u.cpu - gc if u.cpu > gc else 0) > cap.cpu:
-            return QuotaProblem("cpus", "cohort")
+            return _PROBLEMS["cpus", "cohort"]
         if am > gm and used.mem + (am - gm) - (u.mem - gm if u.mem > gm else 0) > cap.mem:
-            return QuotaProblem("memory_gb", "cohort")
+            return _PROBLEMS["memory_gb", "cohort"]
         return None
 
     def add(self, team: str, amount: Resources) -> None:
