@@ -1,16 +1,19 @@
-"""The order in which a cycle considers pending jobs.
+"""The order in which a cycle considers pending jobs: Berth's orderings, and the iterator.
 
-- `drf`: jobs that fit in their team's nominal quota before jobs that would borrow, whatever
-  their priority (as Kueue orders a cohort: guaranteed quota is served first, or a borrower's
-  high-priority job takes freed GPUs that a lender wants back, is reclaimed minutes later,
-  retakes them, and so on; and another team's priority never outranks a team's guarantee);
-  then higher priority; then the team with the smallest weighted dominant-resource share (DRF
-  over GPUs, CPUs, memory); FIFO within a team. Shares are re-read after each admission, so
-  one team cannot take a whole cycle.
-- `kueue`: Kueue's BestEffortFIFO in a cohort without fair sharing: heads that do not borrow
-  first, then priority, then age.
-- `priority_fifo`: priority, then age, across all queues.
-- `fifo`: one global queue in submission order.
+- `DRF` (Berth's): jobs that fit in their team's nominal quota before jobs that would borrow,
+  whatever their priority (as Kueue orders a cohort: guaranteed quota is served first, or a
+  borrower's high-priority job takes freed GPUs that a lender wants back, is reclaimed minutes
+  later, retakes them, and so on; and another team's priority never outranks a team's
+  guarantee); then higher priority; then the team with the smallest weighted dominant-resource
+  share (DRF over GPUs, CPUs, memory); priority then FIFO within a team. Shares are re-read
+  after each admission, so one team cannot take a whole cycle.
+- `DRF_SMALLEST_FIRST`: the same across teams; within a team, priority, then the fewest GPUs
+  first, then FIFO (shortest-job-first with the request as the proxy for size: the
+  starvation guard serves the big jobs it passes over). Measured against `DRF` in
+  docs/decisions/0012.
+
+The baselines' orderings (one FIFO queue, priority across queues, Kueue's BestEffortFIFO)
+are strategies of the same shape in `scheduling/simulator/baselines.py`.
 
 Each team's queue is split into classes of identical jobs (`Pending.klass`), each in FIFO order.
 Jobs of one class fail or succeed alike within a cycle, so when one fails its class is closed
@@ -25,31 +28,30 @@ from collections.abc import Callable, Iterator
 
 from scheduling.jobs import Pending
 from scheduling.snapshot import Snapshot
+from scheduling.strategies import Ordering
 
 
 class Candidates:
     """Iterator over pending jobs in policy order, with classes closable mid-cycle.
 
-    Two levels, as Kueue's queues: each team's queue is in its own order (priority, then FIFO;
-    submission order under `fifo`), and the teams' heads compete in a heap by the policy's key.
-    So a team's lower-priority job never goes before its own higher-priority one just because
-    it would not borrow: it waits for its turn behind its head, as in a Kueue ClusterQueue.
+    Two levels, as Kueue's queues: each team's queue is in its own order (`Ordering.within`),
+    and the teams' heads compete in a heap by the ordering's key (`Ordering.across`). So a
+    team's lower-priority job never goes before its own higher-priority one just because it
+    would not borrow: it waits for its turn behind its head, as in a Kueue ClusterQueue.
+    It is the `strategies.OrderView` the keys read.
     """
 
     def __init__(
         self,
         snap: Snapshot,
-        ordering: str,
+        ordering: Ordering,
         share: Callable[[str], float],
         borrows: Callable[[Pending], bool],
     ) -> None:
-        self._ordering = ordering
-        self._share = share
-        self._borrows = borrows
-        # Plain functions, not bound methods: a bound method kept on self would make a
-        # reference cycle, and the garbage collector's passes over a cycle's leftovers cost
-        # more than the dispatch saved.
-        self._key_of = _KEYS.get(ordering, _fifo_key)
+        self._share_of = share
+        self.borrows = borrows
+        self._key_of = ordering.across
+        self._within = within = ordering.within
         self._shares: dict[str, float] = {}  # per team, until its usage changes
         self._version: dict[str, int] = {}
         self._closed_classes: set[tuple[str, tuple]] = set()
@@ -59,22 +61,24 @@ class Candidates:
         # classes close at their first job.
         self._teams: dict[str, list[tuple]] = {}
         self._heap: list[tuple] = []  # per team with jobs left: (key of its head, version, team)
-        fifo = ordering == "fifo"
         for team, classes in snap.queues.items():
             if not classes:
                 continue
             entries = []
             for shape, queue in classes.items():
                 p = queue[0]
-                entries.append(((p.enqueued, p.seq) if fifo else p.order, shape, p, None))
+                entries.append((within(p), shape, p, None))
             heapq.heapify(entries)
             self._teams[team] = entries
             self._version[team] = 0
-            self._heap.append((self._key(entries[0][2], team), 0, team))
+            self._heap.append((self._key_of(self, entries[0][2], team), 0, team))
         heapq.heapify(self._heap)
 
-    def _key(self, p: Pending, team: str) -> tuple:
-        return self._key_of(self, p, team)
+    def share(self, team: str) -> float:
+        share = self._shares.get(team)
+        if share is None:
+            share = self._shares[team] = self._share_of(team)
+        return share
 
     def changed(self, team: str) -> None:
         """The team's usage changed (admission or preemption): its head's key must be re-read."""
@@ -107,8 +111,7 @@ class Candidates:
 
     def __iter__(self) -> Iterator[Pending]:
         heap, version, teams = self._heap, self._version, self._teams
-        closed, key_of = self._closed_classes, self._key_of
-        fifo = self._ordering == "fifo"
+        closed, key_of, within = self._closed_classes, self._key_of, self._within
         heappop, heappush = heapq.heappop, heapq.heappush
         while heap:
             _, ver, team = heappop(heap)
@@ -127,31 +130,27 @@ class Candidates:
                 rest = self._rest(team, shape, rest)
                 nxt = next(rest, None)
                 if nxt is not None:
-                    order = (nxt.enqueued, nxt.seq) if fifo else nxt.order
-                    heappush(entries, (order, shape, nxt, rest))
+                    heappush(entries, (within(nxt), shape, nxt, rest))
             while entries and (team, entries[0][1]) in closed:
                 heappop(entries)
             if entries:
                 heappush(heap, (key_of(self, entries[0][2], team), version[team], team))
 
 
-def _drf_key(c: Candidates, p: Pending, team: str) -> tuple:
-    share = c._shares.get(team)
-    if share is None:
-        share = c._shares[team] = c._share(team)
-    return (c._borrows(p), p.order[0], share, p.enqueued, p.seq)
-
-
-def _kueue_key(c: Candidates, p: Pending, team: str) -> tuple:
-    return (c._borrows(p), p.order[0], p.enqueued, p.seq)
-
-
-def _priority_fifo_key(c: Candidates, p: Pending, team: str) -> tuple:
+def priority_then_fifo(p: Pending) -> tuple:
+    """A team's queue as Kueue's ClusterQueue keeps it: priority, then FIFO."""
     return p.order
 
 
-def _fifo_key(c: Candidates, p: Pending, team: str) -> tuple:
-    return (p.enqueued, p.seq)
+def _smallest_first(p: Pending) -> tuple:
+    return (p.order[0], p.job.demand.gpu, p.enqueued, p.seq)
 
 
-_KEYS = {"drf": _drf_key, "kueue": _kueue_key, "priority_fifo": _priority_fifo_key}
+def _drf(c: Candidates, p: Pending, team: str) -> tuple:
+    return (c.borrows(p), p.order[0], c.share(team), p.enqueued, p.seq)
+
+
+DRF = Ordering("drf", priority_then_fifo, _drf)
+DRF_SMALLEST_FIRST = Ordering("drf-smallest-first", _smallest_first, _drf)
+# Berth's orderings: what the store may run and a policy file may name.
+ORDERINGS: dict[str, Ordering] = {o.name: o for o in (DRF, DRF_SMALLEST_FIRST)}

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
 
+from scheduling.ordering import DRF, DRF_SMALLEST_FIRST, ORDERINGS
 from scheduling.placement import TOPOLOGY
-from scheduling.strategies import BACKFILL, WHOLE_GANGS, GangBinding, Placer, QueueDiscipline
-
-Ordering = Literal["fifo", "priority_fifo", "kueue", "drf"]
+from scheduling.strategies import (
+    BACKFILL,
+    WHOLE_GANGS,
+    GangBinding,
+    Ordering,
+    Placer,
+    QueueDiscipline,
+)
 
 
 @dataclass(frozen=True)
@@ -24,7 +29,7 @@ class Policy:
 
     name: str
     quotas: bool = True
-    ordering: Ordering = "drf"
+    ordering: Ordering = DRF
     placement: Placer = TOPOLOGY
     gangs: GangBinding = WHOLE_GANGS
     queue: QueueDiscipline = BACKFILL
@@ -82,8 +87,24 @@ POLICIES: dict[str, Policy] = {
         replace(BERTH, name="berth-no-preemption", preemption=False),
         replace(BERTH, name="berth-no-reservation", starvation_s=float("inf")),
         replace(BERTH, name="berth-no-deadline", reclaim_deadline_s=float("inf")),
+        replace(BERTH, name="berth-smallest-first", ordering=DRF_SMALLEST_FIRST),
     )
 }
+
+
+def foreign_strategies(policy: Policy) -> list[str]:
+    """The strategies of `policy` that are not Berth's own (a baseline's, which only the
+    simulator models): empty for a policy the production cycle may run."""
+    foreign = []
+    if ORDERINGS.get(policy.ordering.name) is not policy.ordering:
+        foreign.append(f"{policy.ordering.name} ordering")
+    if policy.placement is not TOPOLOGY:
+        foreign.append(f"{policy.placement.name} placement")
+    if policy.gangs != WHOLE_GANGS:
+        foreign.append(f"{policy.gangs.name} gangs")
+    if policy.queue != BACKFILL:
+        foreign.append(f"{policy.queue.name} queue")
+    return foreign
 
 
 class UnknownPolicyError(ValueError):

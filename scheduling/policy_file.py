@@ -8,6 +8,7 @@ the one that runs.
 
     base: berth
     name: berth-patient        # how reports call it (default: <base>-custom)
+    ordering: drf              # or drf-smallest-first (scheduling/ordering.py)
     starvation_s: 7200         # blocked this long on placement -> its nodes are reserved
     max_reservations: 2
     easy_backfill: true        # a job with a time_limit_s that ends in time may use reserved nodes
@@ -30,6 +31,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from scheduling.config import ConfigError, explain, read_yaml
+from scheduling.ordering import ORDERINGS
 from scheduling.policy import POLICIES, Policy
 
 Seconds = Annotated[float, Field(ge=0)]
@@ -42,6 +44,7 @@ class PolicyFile(BaseModel):
 
     base: str = "berth"
     name: str | None = Field(default=None, min_length=1, max_length=64)
+    ordering: str | None = None
     preemption: bool | None = None
     min_runtime_s: Seconds | None = None
     preemption_delay_s: Seconds | None = None
@@ -66,6 +69,16 @@ class PolicyFile(BaseModel):
             raise ValueError(f"unknown policy {v!r}; start from one of: {', '.join(known)}{hint}")
         return v
 
+    @field_validator("ordering")
+    @classmethod
+    def _known_ordering(cls, v: str | None) -> str | None:
+        if v is not None and v not in ORDERINGS:
+            raise ValueError(
+                f"unknown ordering {v!r}; choose one of: {', '.join(ORDERINGS)} (the "
+                "baselines' orderings run only in the simulator, with their policies)"
+            )
+        return v
+
     @field_validator("min_runtime_s", "preemption_delay_s")
     @classmethod
     def _finite(cls, v: float | None) -> float | None:
@@ -80,6 +93,8 @@ class PolicyFile(BaseModel):
         changes: dict[str, Any] = {
             k: v for k, v in self.model_dump(exclude={"base", "name"}).items() if v is not None
         }
+        if self.ordering is not None:
+            changes["ordering"] = ORDERINGS[self.ordering]
         return replace(known[self.base], name=self.name or f"{self.base}-custom", **changes)
 
 

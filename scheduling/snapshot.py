@@ -7,8 +7,9 @@ neither side changes them while a cycle runs (the cycle works on clones of capac
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedKeyList
@@ -40,12 +41,21 @@ class Snapshot:
     # cycle at that same instant admits none of its lower-priority jobs (no inversion).
     last_preempted: Mapping[str, tuple[float, int]] = field(default_factory=dict)
 
-    def position(self, pending: Pending) -> int:
-        """1-based position of a job in its team's queue (all its classes merged)."""
+    def position(self, pending: Pending, within: Callable[[Pending], tuple] | None = None) -> int:
+        """1-based position of a job in its team's queue (all its classes merged), in the
+        order `within` (the policy's `Ordering.within`; priority, then FIFO by default)."""
         before = 0
+        if within is None:
+            for klass, q in self.queues[pending.job.team].items():
+                if klass[-1] == RESTARTED:  # in the order of their clocks: count them
+                    before += sum(1 for p in q if p.order < pending.order)
+                else:
+                    before += q.bisect_key_left(pending.order)
+            return 1 + before
+        mine = within(pending)
         for klass, q in self.queues[pending.job.team].items():
-            if klass[-1] == RESTARTED:  # in the order of their clocks: count them
-                before += sum(1 for p in q if p.order < pending.order)
-            else:
-                before += q.bisect_key_left(pending.order)
+            if klass[-1] == RESTARTED:
+                before += sum(1 for p in q if within(p) < mine)
+            else:  # a class in FIFO order is in `within`'s order too: it shares the rest
+                before += bisect_left(q, mine, key=within)
         return 1 + before

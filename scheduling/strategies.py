@@ -1,13 +1,15 @@
-"""What a `Policy` picks besides its knobs: where replicas go, how a gang is bound, and what a
-blocked job does to the queue behind it.
+"""What a `Policy` picks besides its knobs: the order of the queue, where replicas go, how a
+gang is bound, and what a blocked job does to the queue behind it.
 
-The production cycle knows only Berth's own strategies, defined here: topology-aware
-placement (`TOPOLOGY`), whole gangs (`WHOLE_GANGS`), and backfill past a blocked job
-(`BACKFILL`). The baselines' behaviour (partial gangs held until a timeout, strict head of
-line, per-replica first-fit and spreading placement, Kueue's group-blind TAS) implements the
-same interfaces in `scheduling/simulator/baselines.py`, and the store refuses what only the
-simulator models. Ordering, preemption and the starvation guard are picked by the policy's
-knobs (`ordering`, `preemption`, `starvation_s`): each has one implementation in the engine.
+The production cycle knows only Berth's own strategies: its orderings (`scheduling/ordering.py`:
+`DRF`, and `DRF_SMALLEST_FIRST` to compare), topology-aware placement (`TOPOLOGY`), whole
+gangs (`WHOLE_GANGS`), and backfill past a blocked job (`BACKFILL`). The baselines' behaviour
+(one FIFO queue, priority across queues, Kueue's BestEffortFIFO, partial gangs held until a
+timeout, strict head of line, per-replica first-fit and spreading placement, Kueue's
+group-blind TAS) implements the same interfaces in `scheduling/simulator/baselines.py`, and
+the store refuses what only the simulator models. Preemption and the starvation guard are
+picked by knobs (`preemption`, `starvation_s`, the guards): each has one implementation in
+the engine, and its variants are parameters (docs/decisions/0010).
 """
 
 from __future__ import annotations
@@ -25,6 +27,34 @@ if TYPE_CHECKING:
     from scheduling.policy import Policy
     from scheduling.quota import QuotaLedger
     from scheduling.snapshot import Snapshot
+
+
+class OrderView(Protocol):
+    """What an ordering may read of the cycle in progress (`ordering.Candidates`)."""
+
+    def borrows(self, p: Pending) -> bool:
+        """Would admitting it take its team above its nominal quota?"""
+        ...
+
+    def share(self, team: str) -> float:
+        """The team's weighted DRF share now."""
+        ...
+
+
+@dataclass(frozen=True)
+class Ordering:
+    """The order in which a cycle examines pending jobs, in two levels as Kueue's queues.
+
+    `within` keys the next jobs of a team's classes against one another (each class keeps its
+    own order: FIFO, or by clock for jobs a preemption sent back), which gives the team's own
+    queue. `across` keys each team's next job against the other teams' (smaller first),
+    re-read when the team's usage changes. Both are plain functions: bound methods kept on
+    the iterator make reference cycles that cost more in garbage collection than they save.
+    """
+
+    name: str
+    within: Callable[[Pending], tuple]
+    across: Callable[[OrderView, Pending, str], tuple]
 
 
 @dataclass(frozen=True)

@@ -214,3 +214,23 @@ def test_a_job_held_back_behind_its_teams_preempted_job_gets_the_next_instant():
     assert res.reason_for(w.state.pending["z"]).code == Reason.BEHIND
     assert res.next_wakeup == 10 + NEXT_INSTANT_S
     assert admitted(w.cycle(res.next_wakeup)) == ["z"]
+
+
+def test_smallest_first_orders_a_teams_queue_by_request_after_priority():
+    # One free GPU; a's 4-GPU job came first, its 1-GPU job after. Under DRF (FIFO in a team)
+    # the big one is examined first and waits; under smallest-first the small one goes first.
+    # Either way the small one runs: the order shows in the nominations and the positions.
+    def run(name: str) -> tuple[list[str], int, int]:
+        w = World(cluster(nodes=1, gpus=4, groups=1), teams(a=100), policy(name))
+        w.submit(job("x", gpus=3), at=0).cycle(0)
+        w.submit(job("big", gpus=4), at=1)
+        w.submit(job("hi", gpus=4, priority=1), at=2)
+        w.submit(job("small", gpus=1), at=3)
+        snap = w.state.snapshot(4)
+        within = w.policy.ordering.within
+        pend = w.state.pending
+        order = [n.job_id for n in schedule(snap, w.policy).nominations]
+        return order, snap.position(pend["big"], within), snap.position(pend["small"], within)
+
+    assert run("berth") == (["hi", "big", "small"], 2, 3)
+    assert run("berth-smallest-first") == (["hi", "small", "big"], 3, 2)

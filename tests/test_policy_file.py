@@ -38,6 +38,12 @@ def test_knobs_override_the_base_and_keep_the_rest(tmp_path: Path):
     assert p.ordering == BERTH.ordering and p.placement == BERTH.placement
 
 
+def test_an_ordering_is_named_among_berths_own():
+    p = parse_policy({"ordering": "drf-smallest-first", "easy_backfill": False})
+    assert p.ordering.name == "drf-smallest-first" and p.easy_backfill is False
+    assert parse_policy({}).ordering is BERTH.ordering
+
+
 def test_infinity_turns_the_starvation_guard_off():
     assert math.isinf(parse_policy({"starvation_s": float("inf")}).starvation_s)
 
@@ -58,6 +64,8 @@ def test_a_baseline_can_be_the_base_in_the_simulator_only():
         ({"preemption_delay_s": float("inf")}, "preemption_delay_s", "preemption: false"),
         ({"max_reservations": 1.5}, "max_reservations", "integer"),
         ({"starvation": 10}, "starvation", "Extra inputs are not permitted"),
+        ({"ordering": "kueue"}, "ordering", "choose one of: drf, drf-smallest-first"),
+        ({"easy_backfill": "sometimes"}, "easy_backfill", "valid boolean"),
     ],
 )
 def test_each_mistake_names_its_field_and_the_fix(data: dict, field: str, fix: str):

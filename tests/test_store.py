@@ -30,7 +30,7 @@ from berth.store import (
 )
 from berth.store.rebuild import live_rows, rebuild
 from scheduling.policy import BERTH, UnknownPolicyError
-from scheduling.simulator.baselines import QUOTA_SPREAD
+from scheduling.simulator.baselines import KUEUE_TAS, QUOTA_SPREAD
 
 # 2 nodes x 4 GPUs (2 NVLink pairs each). a may borrow all of b's idle quota.
 CLUSTER = cluster(nodes=2, gpus=4, groups=2)
@@ -426,6 +426,10 @@ def test_bad_arguments_name_the_field(store: Store, store_url: str) -> None:
         Store(store_url, CLUSTER, TEAMS, "quota-spread")
     with pytest.raises(UnsupportedPolicyError, match="'quota-spread' is a baseline's"):
         Store(store_url, CLUSTER, TEAMS, QUOTA_SPREAD)  # built in the simulator, handed over
+    # Whole gangs and backfill, but Kueue's order and group-blind placement: refused too.
+    foreign = r"\(kueue ordering, topology_group_blind placement\)"
+    with pytest.raises(UnsupportedPolicyError, match=foreign):
+        Store(store_url, CLUSTER, TEAMS, KUEUE_TAS)
 
 
 # -- SQLite only --------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def policies() -> None:
     """List the scheduling policies the simulator knows."""
     for name, p in POLICIES.items():
         typer.echo(
-            f"{name:22} quotas={p.quotas} ordering={p.ordering} placement={p.placement.name} "
+            f"{name:22} quotas={p.quotas} ordering={p.ordering.name} placement={p.placement.name} "
             f"preemption={p.preemption} gangs={p.gangs.name} queue={p.queue.name}"
         )
 

@@ -69,7 +69,8 @@ def run_cycle(
     state.apply(result)  # raises before anything is written if a decision does not fit
     _preempt(conn, cluster, rb, rows, result, now)
     _admit(conn, cluster, rb, rows, result, now)
-    waiting = _explain(conn, rb, rows, result, snapshot.position)
+    within = policy.ordering.within
+    waiting = _explain(conn, rb, rows, result, lambda p: snapshot.position(p, within))
     cycle = eng["cycles"] + 1
     conn.execute(
         update(engine_row)

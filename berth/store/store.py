@@ -64,7 +64,7 @@ from berth.store.views import (
     status_from_row,
 )
 from scheduling.cluster import Cluster
-from scheduling.policy import Policy, get_policy
+from scheduling.policy import Policy, foreign_strategies, get_policy
 from scheduling.quota import Team
 from scheduling.resources import Resources
 
@@ -108,11 +108,12 @@ class Store:
         self._live = live
         self.teams = teams
         self.policy = get_policy(policy) if isinstance(policy, str) else policy
-        if self.policy.gangs.holds_partial or not self.policy.queue.backfills:
+        foreign = foreign_strategies(self.policy)
+        if foreign:
             raise UnsupportedPolicyError(
-                f"policy: {self.policy.name!r} is a baseline's ({self.policy.gangs.name} gangs, "
-                f"{self.policy.queue.name} queue), which only the simulator models; use 'berth' "
-                "or a policy file based on it with the store"
+                f"policy: {self.policy.name!r} is a baseline's ({', '.join(foreign)}), which "
+                "only the simulator models; use 'berth' or a policy file based on it with the "
+                "store"
             )
         self.engine = connect(url, busy_timeout_s)
         create_schema(self.engine)

@@ -30,9 +30,10 @@ from scheduling.capacity import Capacity, gang_level
 from scheduling.cluster import NODE
 from scheduling.decisions import Admit, Evict, HoldUpdate, PendingReason, Reason
 from scheduling.jobs import Job, Pending, Placement, ReplicaPlacement
+from scheduling.ordering import priority_then_fifo
 from scheduling.placement import bits_of, lowest_bits, place_gang, shared_on_node
 from scheduling.policy import Policy
-from scheduling.strategies import CycleOps, Placer
+from scheduling.strategies import CycleOps, Ordering, OrderView, Placer
 
 # -- placement --------------------------------------------------------------------------------
 
@@ -178,12 +179,40 @@ class StrictHeadOfLine:
         )
 
 
+# -- orderings --------------------------------------------------------------------------------
+
+
+def _submitted(p: Pending) -> tuple:
+    return (p.enqueued, p.seq)
+
+
+def _one_queue(c: OrderView, p: Pending, team: str) -> tuple:
+    return (p.enqueued, p.seq)
+
+
+def _priority_across(c: OrderView, p: Pending, team: str) -> tuple:
+    return p.order
+
+
+def _best_effort_fifo(c: OrderView, p: Pending, team: str) -> tuple:
+    return (c.borrows(p), p.order[0], p.enqueued, p.seq)
+
+
+# One queue in submission order, priorities ignored (a bare cluster's default scheduler).
+FIFO_ORDER = Ordering("fifo", _submitted, _one_queue)
+# Priority, then age, across all queues (Kueue without its non-borrowing-first rule).
+PRIORITY_FIFO = Ordering("priority_fifo", priority_then_fifo, _priority_across)
+# Kueue's BestEffortFIFO in a cohort without fair sharing: heads that do not borrow first,
+# then priority, then age; each ClusterQueue by priority, then age.
+BEST_EFFORT_FIFO = Ordering("kueue", priority_then_fifo, _best_effort_fifo)
+
+
 # -- the policies -----------------------------------------------------------------------------
 
 FIFO = Policy(
     "fifo",
     quotas=False,
-    ordering="fifo",
+    ordering=FIFO_ORDER,
     queue=StrictHeadOfLine(),
     placement=FIRST_FIT,
     preemption=False,
@@ -192,14 +221,14 @@ FIFO = Policy(
 FIFO_BACKFILL = Policy(
     "fifo-backfill",
     quotas=False,
-    ordering="fifo",
+    ordering=FIFO_ORDER,
     placement=LEAST_ALLOCATED,
     preemption=False,
     starvation_s=float("inf"),
 )
 QUOTA_SPREAD = Policy(
     "quota-spread",
-    ordering="priority_fifo",
+    ordering=PRIORITY_FIFO,
     placement=LEAST_ALLOCATED,
     gangs=PartialGangs(),
     preemption=False,
@@ -207,7 +236,7 @@ QUOTA_SPREAD = Policy(
 )
 KUEUE_TAS = Policy(
     "kueue-tas",
-    ordering="kueue",
+    ordering=BEST_EFFORT_FIFO,
     placement=GROUP_BLIND,
     min_runtime_s=0.0,
     preemption_delay_s=0.0,
