@@ -25,7 +25,7 @@ from scheduling.jobs import Job, Placement
 from scheduling.policy import Policy
 from scheduling.quota import Team
 from scheduling.resources import Resources
-from scheduling.shortcuts import FAST, Shortcuts
+from scheduling.shortcuts import FAST, Shortcuts, rerun_settles
 from scheduling.simulator.trace import TraceJob
 from scheduling.state import EngineState
 
@@ -171,7 +171,12 @@ def simulate(
         result = last = schedule(state.snapshot(now), policy, shortcuts)
         cycles += 1
         state.apply(result)
-        if not result.fixed_point and now not in ticks:
+        rerun = None
+        if not result.fixed_point and shortcuts.on:
+            rerun = rerun_settles(result, state, policy)  # the rerun would change nothing
+            if rerun is not None:
+                last = rerun
+        if not result.fixed_point and now not in ticks and rerun is None:
             # A cycle that changed something is run again at once, until one changes nothing
             # (as a production loop runs while there is work): after a preemption, classes
             # closed before it freed room get their turn; after an admission, the shares and
