@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduling.decisions import CycleResult, Reason, Status
+from scheduling.decisions import CycleResult, PendingReason, Reason, Status
 
 if TYPE_CHECKING:
     from scheduling.policy import Policy
@@ -61,54 +61,64 @@ EXACT = Shortcuts(False)
 
 def rerun_settles(result: CycleResult, state: EngineState, policy: Policy) -> CycleResult | None:
     """What a cycle run again at once would give, as far as the simulator reads it (no
-    decision, no wake-up, its failed classes), when it is sure to decide nothing; else None.
+    decision; its wake-up and failed classes), when it is sure to decide nothing; else None.
     `state` is the state with `result` applied and nothing else changed (shortcut 5).
 
     Sure to decide nothing: `result` preempted, evicted and held nothing and stopped no
     queue, so no usage shrank since any of its jobs failed, and every class left has a job
-    that failed in it (classes hold copies: same team, demand and priority). Each failed
-    on quota with nothing to preempt (BLOCKED), so in the rerun every job fails on quota
-    again (a quota check only fails more as usage grows); checked here on `state`, none
-    could preempt now either. A reservation holder fails on quota too, so its nodes are
-    not hidden and it is not admitted first; reservations stay as they are."""
+    that failed in it (classes hold copies: same team, demand and priority). Each failed on
+    quota with no search run (blocked, or its preemption delay not over), so in the rerun
+    every job fails on quota again (a quota check only fails more as usage grows),
+    reservation holders included: their nodes are not hidden, none is admitted first, and
+    reservations stay as they are. The jobs the rerun would examine are walked here as
+    `Cycle.nominate` walks them, on `state`: none may search for victims now (else the
+    rerun could preempt), and those that may later give the rerun's wake-up."""
     if result.preempted or result.evicted or result.holds or result.tail or state.holds:
         return None
     if not policy.queue.backfills:
         return None  # the rerun's failures would stop its queue: a tail this does not make
-    quota = state.quota
-    floors: dict[str, int | None] = {}
+    now = result.now
     for nom in result.nominations:
         reason = nom.reason
         if reason is None:
             continue  # admitted
-        if nom.status != Status.BLOCKED or reason.code != Reason.QUOTA:
+        if reason.code != Reason.QUOTA:
             return None
-        if not policy.preemption:
-            continue
-        job = state.pending[nom.job_id].job
-        team = job.team
-        if quota.fits_nominal_with(team, job.demand) and quota.any_borrowing(team):
-            return None  # it may reclaim now
-        if team not in floors:
-            running = state.running_priorities.get(team)
-            floors[team] = min(running) if running else None
-        floor = floors[team]
-        if floor is not None and floor < job.priority:
-            return None  # a lower priority of its team runs now: it may preempt
-    # The classes the rerun would close, as `Cycle.nominate` does: at the first job that
-    # fails, unless it holds a reservation and more are allowed (then at the next).
+        if nom.status != Status.BLOCKED and (
+            nom.status != Status.NEEDS_PREEMPTION
+            or state.pending[nom.job_id].since + policy.preemption_delay_s <= now
+        ):
+            return None  # it may have searched for victims: the rerun may find some
+    quota = state.quota
     reservations = state.reservations
     spare = len(reservations) < policy.max_reservations
-    failed = {}
+    failed: dict[tuple, PendingReason] = {}
+    wake: float | None = None
     for team, classes in state.queues.items():
+        ceiling = state.last_preempted.get(team)
+        floor = None
+        if policy.preemption:
+            running = state.running_priorities.get(team)
+            floor = min(running) if running else None
         for klass, queue in classes.items():
-            for p in queue:
-                if p.not_before > result.now:
+            for p in queue:  # the class's jobs the rerun examines: up to one that closes it
+                job = p.job
+                if p.not_before > now:
                     return None  # backing off: skipped, with a wake-up
-                if not (spare and p.job.id in reservations):
-                    reason = result.pending.get(p.job.id) or result.by_shape.get((team, klass))
+                if ceiling is not None and ceiling[0] == now and job.priority < ceiling[1]:
+                    return None  # behind its team's preempted job, with a wake-up
+                if policy.preemption and (
+                    (quota.fits_nominal_with(team, job.demand) and quota.any_borrowing(team))
+                    or (floor is not None and floor < job.priority)
+                ):
+                    allowed_at = p.since + policy.preemption_delay_s
+                    if allowed_at <= now:
+                        return None  # it would search for victims
+                    wake = allowed_at if wake is None else min(wake, allowed_at)
+                if not (spare and job.id in reservations):
+                    reason = result.pending.get(job.id) or result.by_shape.get((team, klass))
                     if reason is None:
                         return None
                     failed[(team, klass)] = reason  # as the last cycle said it
                     break
-    return CycleResult(result.now, by_shape=failed, fixed_point=True)
+    return CycleResult(now, by_shape=failed, next_wakeup=wake, fixed_point=True)

@@ -243,11 +243,16 @@ def simulate(
             if restart:
                 admit_ev["restart_s"] = restart
             emit(admit_ev)
-        wake = result.next_wakeup
-        if wake is not None and wake > now and wake not in ticks:
-            ticks.add(wake)
-            heapq.heappush(heap, (wake, _TICK, seq, None))
-            seq += 1
+        wakes = [result.next_wakeup]
+        if rerun is not None and not (heap and heap[0][0] == now):
+            # The skipped rerun's wake-up, as if it had run. Not when a job admitted just
+            # now ends at once: the cycle its end runs now is the rerun, with its own.
+            wakes.append(rerun.next_wakeup)
+        for wake in wakes:
+            if wake is not None and wake > now and wake not in ticks:
+                ticks.add(wake)
+                heapq.heappush(heap, (wake, _TICK, seq, None))
+                seq += 1
         if progress is not None and cycles % 2000 == 0:
             progress(settled, total)
     if progress is not None:
