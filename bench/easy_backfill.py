@@ -5,7 +5,7 @@ The `gangs-limits` family is the `gangs` family's jobs with the time limits user
 `easy_backfill: false`; the table shows both averages and their ratio, on the tuning seeds
 (0, 10-13: what decision 0011 looked at) and the held-out ones (1-4) apart.
 
-Run: PYTHONPATH=. .venv/bin/python bench/easy_backfill.py   (about a minute)
+Run: .venv/bin/python -m bench.easy_backfill   (about a minute)
 """
 
 from __future__ import annotations
