@@ -7,6 +7,7 @@ imports them and runs them again on a real PostgreSQL server. Times are passed e
 
 from __future__ import annotations
 
+import sqlite3
 import tempfile
 from collections import Counter
 from dataclasses import replace
@@ -28,6 +29,7 @@ from berth.store import (
     UnknownJobError,
     UnsupportedPolicyError,
 )
+from berth.store.database import StaleSchemaError
 from berth.store.rebuild import live_rows, rebuild
 from scheduling.policy import BERTH, UnknownPolicyError
 from scheduling.simulator.baselines import KUEUE_TAS, QUOTA_SPREAD
@@ -603,3 +605,13 @@ def check_invariants(s: Store, after_cycle: bool) -> None:
     if after_cycle:
         positions = Counter((j.team, j.position) for j in jobs if j.state == "queued")
         assert all(n == 1 for n in positions.values()), positions
+
+
+def test_a_database_made_by_an_older_berth_is_named_with_the_fix(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/old.db"
+    Store(url, CLUSTER, TEAMS).close()
+    with sqlite3.connect(tmp_path / "old.db") as db:  # as before jobs carried time limits
+        db.execute("ALTER TABLE jobs DROP COLUMN time_limit_s")
+    stale = r"'jobs' lacks column\(s\) time_limit_s.*new database"
+    with pytest.raises(StaleSchemaError, match=stale):
+        Store(url, CLUSTER, TEAMS)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import Connection, Engine, create_engine, event, select
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -29,6 +29,10 @@ READ = "berth_read"  # execution option: a read-only transaction (no BEGIN IMMED
 
 class StoreURLError(ValueError):
     """The database URL is malformed or names a database the store does not support."""
+
+
+class StaleSchemaError(RuntimeError):
+    """The database was made by an older Berth: a table lacks columns this one writes."""
 
 
 def connect(url: str, busy_timeout_s: float = 60.0) -> Engine:
@@ -100,5 +104,24 @@ def create_schema(engine: Engine) -> None:
             # CREATE TABLE IF NOT EXISTS races on PostgreSQL's catalog; serialise creators.
             conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7412503)")
         metadata.create_all(conn)
+        _check_columns(conn)
         if conn.execute(select(engine_row.c.id).where(engine_row.c.id == 1)).first() is None:
             conn.execute(engine_row.insert().values(id=1, reservations={}, cycles=0, next_seq=1))
+
+
+def _check_columns(conn: Connection) -> None:
+    """`create_all` makes missing tables, not missing columns, and there are no migrations yet
+    (schema.py): an older database would fail at the first write with "no such column". Say
+    so at once, with the fix."""
+    found = inspect(conn)
+    for table in metadata.sorted_tables:
+        have = {c["name"] for c in found.get_columns(table.name)}
+        missing = [c.name for c in table.columns if c.name not in have]
+        if missing:
+            raise StaleSchemaError(
+                f"store database {conn.engine.url.render_as_string(hide_password=True)}: table "
+                f"{table.name!r} lacks column(s) {', '.join(missing)}, which this version of "
+                "Berth writes; it was made by an older version and there are no migrations yet. "
+                "Point BERTH_STORE_URL (or BERTH_HOME) at a new database, or drain this one "
+                "and remove it"
+            )
