@@ -25,10 +25,8 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a file
 
 from bench.common import RESULTS, code_version, machine
-from bench.quality import big_job_p99_first_wait
+from bench.quality import run_policy
 from scheduling.policy import BERTH
-from scheduling.simulator.metrics import ClusterInfo, TeamInfo, summarize
-from scheduling.simulator.sim import simulate
 from scheduling.simulator.workloads import build
 
 FAMILY = "gangs-limits"
@@ -40,16 +38,9 @@ def run(seed: int, jobs: int) -> dict[str, Any]:
     w = build(FAMILY, seed, jobs)
     out: dict[str, Any] = {"seed": seed}
     for pol in (BERTH, OFF):
-        sim = simulate(w.cluster, w.teams, w.jobs, pol)
-        info = ClusterInfo({n.name: n.gpus for n in w.cluster.nodes})
-        teams = [TeamInfo(t.name, t.nominal.as_units()["gpus"], t.weight) for t in w.teams.values()]
-        s = summarize(sim.events, info, teams, policy=pol.name, wall_s=sim.wall_s).data
-        out[pol.name] = {
-            "avg_jct_s": s["avg_jct_s"],
-            "p99_first_wait_big_s": big_job_p99_first_wait(sim.events),
-            "gpu_busy": s["gpu_busy"],
-            "timed_out": s["timed_out"],
-        }
+        s = run_policy(w, pol)
+        keep = ("avg_jct_s", "p99_first_wait_big_s", "gpu_busy", "timed_out")
+        out[pol.name] = {k: s[k] for k in keep}
     return out
 
 

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a
 
 from bench.common import RESULTS, ROOT, code_version, console_for_tables, machine, reference_ms
 from bench.quality_report import CANDIDATE, ORACLE, held_out_table, markdown, plot
+from scheduling.policy import Policy
 from scheduling.simulator.baselines import get_policy
 from scheduling.simulator.metrics import ClusterInfo, TeamInfo, summarize
 from scheduling.simulator.oracle import srtf
@@ -231,10 +232,17 @@ def run_one(case: Case, policy: str) -> dict[str, Any]:
         out["p99_first_wait_big_s"] = _p99(result.first_wait[big])
         out["wall_s"] = round(time.perf_counter() - started, 3)
         return out
-    sim = simulate(cluster, teams, jobs, get_policy(policy))
+    return run_policy(Workload(cluster, teams, jobs), get_policy(policy))
+
+
+def run_policy(work: Workload, policy: Policy) -> dict[str, Any]:
+    """A policy on a workload: its summary's numbers, the p99 first wait of big jobs, and the
+    cycles run. Deterministic."""
+    cluster, teams, jobs = work
+    sim = simulate(cluster, teams, jobs, policy)
     info = ClusterInfo({n.name: n.gpus for n in cluster.nodes})
     team_info = [TeamInfo(t.name, t.nominal.as_units()["gpus"], t.weight) for t in teams.values()]
-    summary = summarize(sim.events, info, team_info, policy=policy, wall_s=sim.wall_s)
+    summary = summarize(sim.events, info, team_info, policy=policy.name, wall_s=sim.wall_s)
     out = {k: v for k, v in summary.data.items() if not isinstance(v, list | dict)}
     out["p99_first_wait_big_s"] = big_job_p99_first_wait(sim.events)
     out["cycles"] = sim.cycles

@@ -44,18 +44,16 @@ class Snapshot:
     def position(self, pending: Pending, within: Callable[[Pending], tuple] | None = None) -> int:
         """1-based position of a job in its team's queue (all its classes merged), in the
         order `within` (the policy's `Ordering.within`; priority, then FIFO by default)."""
+        key = within or _priority_then_fifo
+        mine = key(pending)
         before = 0
-        if within is None:
-            for klass, q in self.queues[pending.job.team].items():
-                if klass[-1] == RESTARTED:  # in the order of their clocks: count them
-                    before += sum(1 for p in q if p.order < pending.order)
-                else:
-                    before += q.bisect_key_left(pending.order)
-            return 1 + before
-        mine = within(pending)
         for klass, q in self.queues[pending.job.team].items():
-            if klass[-1] == RESTARTED:
-                before += sum(1 for p in q if within(p) < mine)
-            else:  # a class in FIFO order is in `within`'s order too: it shares the rest
-                before += bisect_left(q, mine, key=within)
+            if klass[-1] == RESTARTED:  # in the order of their clocks: count them
+                before += sum(1 for p in q if key(p) < mine)
+            else:  # a class in FIFO order is in `key`'s order too: it shares the rest
+                before += bisect_left(q, mine, key=key)
         return 1 + before
+
+
+def _priority_then_fifo(p: Pending) -> tuple:
+    return p.order

@@ -43,6 +43,10 @@ class SimulationResult:
     unfinished: int
 
 
+# Seconds a preempted job spends reloading (image, data, checkpoint) at its next admission.
+RESTART_COST_S = 60.0
+
+
 def to_job(t: TraceJob) -> Job:
     """A trace row in engine units."""
     r = Resources.of(t.gpus_per_replica, t.cpus_per_replica, t.memory_gb_per_replica)
@@ -79,7 +83,7 @@ def simulate(
     policy: Policy,
     *,
     checkpoint_s: float | None = None,
-    restart_cost_s: float = 60.0,
+    restart_cost_s: float = RESTART_COST_S,
     progress: Progress | None = None,
     shortcuts: Shortcuts = FAST,
 ) -> SimulationResult:

@@ -40,6 +40,7 @@ from scheduling.cluster import Cluster
 from scheduling.config import parse_cluster, parse_teams
 from scheduling.quota import Team
 from scheduling.resources import CPU_UNIT, GPU_UNIT
+from scheduling.simulator.sim import RESTART_COST_S
 from scheduling.simulator.trace import TraceJob
 
 __all__ = ["DEFAULT_JOBS", "FAMILIES", "Family", "Workload", "build", "offered_load"]
@@ -158,7 +159,6 @@ def _finish(
 
 # Time limits as users pick them: round numbers, from 15 minutes to a week.
 _LIMITS_S = np.array([0.25, 0.5, 1, 2, 3, 4, 6, 8, 12, 16, 24, 36, 48, 72, 96, 120, 168]) * HOUR_S
-_RESTART_S = 60.0  # the simulator's default restart cost per preemption
 
 
 def _time_limits(
@@ -169,7 +169,7 @@ def _time_limits(
     much more), rounded up to the next round number. No job runs into its limit."""
     worst = max([1.0, *(float(s) for s in cluster.slowdown.values())])
     over = 1.0 + rng.lognormal(0.0, 0.8, len(jobs))
-    need = np.array([(j.duration + _RESTART_S) * worst for j in jobs]) * over
+    need = np.array([(j.duration + RESTART_COST_S) * worst for j in jobs]) * over
     at = np.minimum(np.searchsorted(_LIMITS_S, need), len(_LIMITS_S) - 1)
     limits = np.maximum(_LIMITS_S[at], need)  # past a week: the need itself
     return [replace(j, time_limit_s=float(lim)) for j, lim in zip(jobs, limits, strict=True)]
