@@ -27,10 +27,10 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping
-from functools import lru_cache
 
+from scheduling import reasons
 from scheduling.backfill import Shadows, backfill_nodes
-from scheduling.cluster import CLUSTER, GPU_GROUP, NODE
+from scheduling.cluster import CLUSTER
 from scheduling.decisions import (
     Admit,
     CycleResult,
@@ -42,12 +42,10 @@ from scheduling.decisions import (
 )
 from scheduling.jobs import Job, Pending, Placement, Running
 from scheduling.ordering import Candidates
-from scheduling.placement import max_level
 from scheduling.policy import Policy
 from scheduling.preemption import PreemptionPlan, plan_preemption
 from scheduling.quota import QuotaProblem
 from scheduling.reservation import choose_reservation
-from scheduling.resources import fmt_gpus
 from scheduling.shortcuts import FAST, Shortcuts
 from scheduling.snapshot import Snapshot
 from scheduling.victims import VictimPool
@@ -228,7 +226,7 @@ class Cycle:
             if reason is None:
                 return Status.FITS, None
         else:
-            reason = _quota_reason(job.team, problem.resource, problem.limit)
+            reason = reasons.quota(job.team, problem.resource, problem.limit)
         self.next_victim = None
         allowed_at = self._may_preempt(pending)
         status = Status.BLOCKED if allowed_at is None else Status.NEEDS_PREEMPTION
@@ -275,25 +273,12 @@ class Cycle:
         )
 
     def _reclaim_reason(self, job: Job, problem: QuotaProblem, allowed_at: float) -> PendingReason:
-        """A job within its team's nominal that waits for borrowed quota to come back: who
-        holds it, and the earliest time the engine may take it back."""
-        usage, teams = self.quota.usage, self.quota.teams
-        lent = [
-            f"{fmt_gpus(usage[t].gpu - teams[t].nominal.gpu)} by team {t}"
-            for t in sorted(self.quota.borrowers)
-            if t != job.team and usage[t].gpu > teams[t].nominal.gpu
-        ]
-        held = ", ".join(lent) or "of other resources"
-        msg = f"within its nominal; waiting for GPUs borrowed ({held}) to be reclaimed"
-        if allowed_at > self.now:
-            msg += f"; it may reclaim from t={allowed_at:g}, after its preemption delay"
-        elif self.next_victim is not None:
-            v = self.next_victim
-            t = v.start_time + self.policy.min_runtime_s
-            msg += f"; earliest when job {v.job.id} reaches its minimum run time at t={t:g}"
-        else:
-            msg += "; no borrowed job can make room for it now: it waits for one to end"
-        return PendingReason(Reason.QUOTA, msg, resource=problem.resource)
+        v = self.next_victim
+        next_at = None if v is None else (v, v.start_time + self.policy.min_runtime_s)
+        q = self.quota
+        return reasons.reclaim(
+            job, problem, q.usage, q.teams, q.borrowers, self.now, allowed_at, next_at
+        )
 
     def _plan_preemption(self, pending: Pending) -> PreemptionPlan | None:
         job = pending.job
@@ -365,7 +350,7 @@ class Cycle:
         if placement is not None:
             self._admit(job, placement)
             return None
-        reason = _no_placement(job)
+        reason = reasons.no_placement(job)
         if not own_reservation and len(self.cap.hidden) > len(opened):
             reason = self._behind_reservations(job, reason)
         if not own_reservation:
@@ -388,16 +373,10 @@ class Cycle:
         if not fits:
             return reason
         shadows = [self.shadows.shadow(res, self.result.admitted, self.victims) for _, res in held]
-        holders = ", ".join(holder for holder, _ in held)
-        msg = f"{reason.message}; it would fit on nodes reserved for starving job(s) {holders}"
-        # With a limit that ends by the earliest of their shadow times, every one of them opens
-        # to it, and it fits there (just tried). Unknown if a job there gives no limit.
-        drained = min(shadows)
-        if max(shadows) < math.inf and self.policy.easy_backfill:
-            most = drained - self.now
-            msg += f", which drain by t={drained:g}: with a time_limit_s of at most {most:g} s it"
-            msg += " could use them now"
-        return PendingReason(reason.code, msg, level=reason.level, resource=reason.resource)
+        holders = [holder for holder, _ in held]
+        return reasons.behind_reservations(
+            reason, holders, shadows, self.now, self.policy.easy_backfill
+        )
 
     def _backfill(self, job: Job) -> tuple[int, ...]:
         """Reserved nodes this job may use: it ends (its time limit) before their holders
@@ -502,24 +481,3 @@ _UNKNOWN = object()
 def _lowest(running_priorities: Mapping[str, Counter], team: str) -> int | None:
     priorities = running_priorities.get(team)
     return min(priorities) if priorities else None
-
-
-def _no_placement(job: Job) -> PendingReason:
-    return _no_placement_reason(job.replicas, job.gpu, max_level(job))
-
-
-@lru_cache(maxsize=4096)  # a few shapes fail over and over; the reason is the same each time
-def _no_placement_reason(replicas: int, gpu: int, level: str) -> PendingReason:
-    if replicas == 1 and level not in (GPU_GROUP, NODE):
-        level = NODE  # one replica never spans nodes: a node is what it lacks
-    what = f"{replicas} x {fmt_gpus(gpu)} GPU"
-    where = "the cluster" if level == CLUSTER else f"any one {level}"
-    return PendingReason(
-        Reason.NO_PLACEMENT, f"no room for {what} in {where} right now", level=level
-    )
-
-
-@lru_cache(maxsize=4096)  # keyed by strings: hashing a QuotaProblem runs Python code
-def _quota_reason(team: str, resource: str, limit: str) -> PendingReason:
-    message = QuotaProblem(resource, limit).message(team)
-    return PendingReason(Reason.QUOTA, message, resource=resource)
