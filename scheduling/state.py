@@ -102,6 +102,13 @@ class EngineState:
 
     # -- restoring a state kept elsewhere (the SQL store) ------------------------------------
 
+    def forget(self, job_id: str) -> None:
+        """Drop every trace of a job (its row changed: the store puts it back as the row now
+        says, with restore_running or restore_pending). Unknown jobs are ignored."""
+        self.cancel(job_id)
+        self.preemptions.pop(job_id, None)
+        self._origin.pop(job_id, None)
+
     def restore_running(
         self,
         job: Job,

@@ -1,92 +1,97 @@
-"""One scheduling cycle against the tables: rebuild, decide, check, write. Runs under the lock.
+"""One scheduling cycle on the in-memory state: decide outside the lock, commit under it.
 
-run_cycle(conn, ...)
-  1. load      the engine row and every live job row
-  2. rebuild   an EngineState (rebuild.py); queued jobs that can no longer run are rejected
-  3. decide    cycle.schedule(snapshot, policy): pure, the same code the simulator runs
-  4. check     EngineState.apply re-checks every allocation before anything is written
-  5. write     victims -> preempting; admitted -> admitted with placement, attempt row and
-               waits_for; every job still queued gets its reason and queue position
+A cycle (Store.schedule):
+  1. catch up  the Mirror reads what was committed since its version (mirror.py)
+  2. decide    cycle.schedule(snapshot, policy): pure, the same code the simulator runs; no lock
+  3. commit    under the lock: read what was committed meanwhile (`news`); if it touches a job
+               the cycle decided about, or a cycle ran elsewhere, decide again; otherwise take
+               the news in, re-check every allocation (EngineState.apply) and write: victims ->
+               preempting; admitted -> admitted with placement, attempt row and waits_for;
+               rejected; every job still queued gets its reason (only rows whose reason changed)
+
+Jobs submitted or ended meanwhile cannot make a decision wrong: a submission adds a job the
+next cycle weighs, an end frees what the decision did not count on. So the locked section is
+"check the version, write the decisions", milliseconds however long deciding took.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
 
-from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy import Connection, bindparam, func, select, update
 
 from berth.store.audit import emit
-from berth.store.rebuild import (
-    Rebuilt,
-    live_rows,
-    placement_json,
-    placement_of,
-    rebuild,
-    reservations_json,
-)
+from berth.store.database import bump_version
+from berth.store.mirror import Mirror, News
+from berth.store.rebuild import placement_json, reservations_json
 from berth.store.schema import (
     ADMITTED,
     PREEMPTING,
+    QUEUED,
     REJECTED,
     attempts,
     engine_row,
+    events,
     jobs,
 )
 from berth.store.views import CycleReport, StoreError
-from scheduling.cluster import Cluster
 from scheduling.cycle import schedule
 from scheduling.decisions import CycleResult, PendingReason
-from scheduling.jobs import Pending
-from scheduling.policy import Policy
-from scheduling.quota import Team
-from scheduling.resources import Resources
 
-_EXPLAINED = ("reason_code", "reason_message", "reason_level", "reason_resource", "position")
+_EXPLAINED = ("reason_code", "reason_message", "reason_level", "reason_resource")
 
 
-def run_cycle(
-    conn: Connection,
-    cluster: Cluster,
-    teams: Mapping[str, Team],
-    policy: Policy,
-    now: float,
-    *,
-    held: Mapping[str, Resources] | None = None,
-    live: bool = False,
-) -> CycleReport:
-    started = time.perf_counter()
-    eng = conn.execute(select(engine_row).where(engine_row.c.id == 1)).mappings().one()
-    rows = live_rows(conn)
-    rb = rebuild(cluster, teams, policy, rows.values(), eng["reservations"], held=held, live=live)
-    _reject(conn, rb, now)
-    state = rb.state
-    snapshot = state.snapshot(now)
-    result = schedule(snapshot, policy)
+def decide(mirror: Mirror, now: float) -> CycleResult:
+    """The cycle's decisions on the mirror's state (which it does not change)."""
+    result = schedule(mirror.state.snapshot(now), mirror.policy)
     if result.holds or result.evicted:  # the Store refuses partial-gang policies up front
-        raise StoreError(f"policy {policy.name} bound a partial gang; the store cannot keep it")
-    state.apply(result)  # raises before anything is written if a decision does not fit
-    _preempt(conn, cluster, rb, rows, result, now)
-    _admit(conn, cluster, rb, rows, result, now)
-    within = policy.ordering.within
-    waiting = _explain(conn, rb, rows, result, lambda p: snapshot.position(p, within))
-    cycle = eng["cycles"] + 1
+        raise StoreError(f"policy {mirror.policy.name} bound a partial gang; the store cannot")
+    return result
+
+
+def conflicts(mirror: Mirror, news: News, result: CycleResult) -> bool:
+    """Whether what was committed since the decision touches a job it decided about."""
+    if not news.job_ids:
+        return False
+    decided = {a.job.id for a in result.admitted}
+    decided.update(p.job_id for p in result.preempted)
+    decided.update(mirror.rejected)
+    return not news.job_ids.isdisjoint(decided)
+
+
+def commit(
+    conn: Connection, mirror: Mirror, news: News, result: CycleResult, started: float
+) -> CycleReport:
+    """Under the lock: take the news in, check and apply the decisions, write them. Any error
+    leaves the mirror unusable (the caller builds it again) and rolls the transaction back."""
+    now = result.now
+    version = bump_version(conn)
+    mirror.absorb(news)
+    mirror.state.apply(result)  # raises before anything is written if a decision misfits
+    mirror.rehold()
+    rejected = tuple(mirror.rejected)
+    _reject(conn, mirror, now)
+    _preempt(conn, mirror, result, now)
+    _admit(conn, mirror, result, now)
+    waiting = _explain(conn, mirror, result)
+    cycle = news.cycles + 1
     conn.execute(
         update(engine_row)
         .where(engine_row.c.id == 1)
         .values(
-            reservations=reservations_json(cluster, state.reservations),
+            reservations=reservations_json(mirror.cluster, mirror.state.reservations),
             last_cycle_at=now,
             cycles=cycle,
         )
     )
+    mirror.version, mirror.cycles = version, cycle
+    mirror.last_event = conn.execute(select(func.max(events.c.id))).scalar() or 0
     return CycleReport(
         cycle=cycle,
         now=now,
         admitted=tuple(a.job.id for a in result.admitted),
         preempted=tuple(p.job_id for p in result.preempted),
-        rejected=tuple(rb.rejected),
+        rejected=rejected,
         queued=len(waiting),
         next_wakeup=result.next_wakeup,
         wall_ms=(time.perf_counter() - started) * 1000.0,
@@ -94,8 +99,8 @@ def run_cycle(
     )
 
 
-def _reject(conn: Connection, rb: Rebuilt, now: float) -> None:
-    for job_id, rej in rb.rejected.items():
+def _reject(conn: Connection, mirror: Mirror, now: float) -> None:
+    for job_id, rej in list(mirror.rejected.items()):
         conn.execute(
             update(jobs)
             .where(jobs.c.id == job_id)
@@ -106,60 +111,42 @@ def _reject(conn: Connection, rb: Rebuilt, now: float) -> None:
                 reason_message=f"{rej.field}: {rej.message}",
                 reason_level=None,
                 reason_resource=None,
-                position=None,
             )
         )
         emit(conn, now, job_id, "reject", field=rej.field, message=rej.message)
+        mirror.ended(job_id)
 
 
-def _preempt(
-    conn: Connection,
-    cluster: Cluster,
-    rb: Rebuilt,
-    rows: Mapping[str, Mapping[str, Any]],
-    result: CycleResult,
-    now: float,
-) -> None:
+def _preempt(conn: Connection, mirror: Mirror, result: CycleResult, now: float) -> None:
     for pre in result.preempted:
-        row = rows[pre.job_id]
+        row = mirror.rows[pre.job_id]
         conn.execute(update(jobs).where(jobs.c.id == pre.job_id).values(state=PREEMPTING))
         emit(conn, now, pre.job_id, "preempt", by=pre.by, attempt=row["attempt"])
-        # rebuild() checked the nodes already (and, on a live cluster, left out vanished ones)
-        nodes = placement_of(cluster, pre.job_id, row["placement"], row["level"], live=True).nodes
-        rb.stopping[pre.job_id] = frozenset(nodes)
+        mirror.stopped(pre.job_id)  # back in the engine's queue; stopping in the tables
 
 
-def _admit(
-    conn: Connection,
-    cluster: Cluster,
-    rb: Rebuilt,
-    rows: Mapping[str, Mapping[str, Any]],
-    result: CycleResult,
-    now: float,
-) -> None:
+def _admit(conn: Connection, mirror: Mirror, result: CycleResult, now: float) -> None:
     for adm in result.admitted:
         job_id = adm.job.id
-        attempt = rows[job_id]["attempt"] + 1
-        nodes = set(adm.placement.nodes)
+        attempt = mirror.rows[job_id]["attempt"] + 1
         # Not only its own victims: any job still stopping on one of its nodes may hold the
         # very GPUs, CPUs or memory it was given.
-        waits = sorted(set(adm.preempts) | {j for j, ns in rb.stopping.items() if ns & nodes})
-        placed = placement_json(cluster, adm.placement.replicas)
+        waits = sorted(set(adm.preempts) | mirror.stopping_on(adm.placement.nodes))
+        placed = placement_json(mirror.cluster, adm.placement.replicas)
         level = adm.placement.level
+        values = {
+            "state": ADMITTED,
+            "attempt": attempt,
+            "placement": placed,
+            "level": level,
+            "admitted_at": now,
+            "started_at": None,
+            **dict.fromkeys(_EXPLAINED),
+        }
         conn.execute(
             update(jobs)
             .where(jobs.c.id == job_id)
-            .values(
-                state=ADMITTED,
-                attempt=attempt,
-                placement=placed,
-                level=level,
-                admitted_at=now,
-                started_at=None,
-                heartbeat_at=None,
-                waits_for=waits,
-                **dict.fromkeys(_EXPLAINED),
-            )
+            .values(heartbeat_at=None, waits_for=waits, **values)
         )
         conn.execute(
             attempts.insert().values(
@@ -176,39 +163,35 @@ def _admit(
             level=level,
             waits_for=waits,
         )
+        mirror.rows[job_id].update(values, last_ended_at=None)
 
 
-def _explain(
-    conn: Connection,
-    rb: Rebuilt,
-    rows: Mapping[str, Mapping[str, Any]],
-    result: CycleResult,
-    position: Callable[[Pending], int],
-) -> dict[str, str]:
-    """Write each still-queued job's reason and position; only rows that changed."""
-    victims = {p.job_id for p in result.preempted}
+def _explain(conn: Connection, mirror: Mirror, result: CycleResult) -> dict[str, str]:
+    """Write each still-queued job's reason; only rows whose reason changed."""
     waiting: dict[str, str] = {}
     changed = []
-    for job_id, pending in rb.state.pending.items():
-        if job_id in victims:  # back in the engine's queue, but stopping in the tables
-            continue
+    rows = mirror.rows
+    for job_id, pending in mirror.state.pending.items():
         reason: PendingReason | None = result.reason_for(pending)
-        values = {
-            "reason_code": str(reason.code) if reason else None,
-            "reason_message": reason.message if reason else None,
-            "reason_level": reason.level if reason else None,
-            "reason_resource": reason.resource if reason else None,
-            "position": position(pending),  # counts victims that will come back ahead of it
-        }
-        if reason is not None:
-            waiting[job_id] = str(reason.code)
+        if reason is None:
+            continue
+        waiting[job_id] = code = str(reason.code)
         row = rows[job_id]
-        if any(row[k] != v for k, v in values.items()):
-            changed.append({"b_id": job_id, **{f"b_{k}": v for k, v in values.items()}})
+        values = (code, reason.message, reason.level, reason.resource)
+        if values != (
+            row["reason_code"],
+            row["reason_message"],
+            row["reason_level"],
+            row["reason_resource"],
+        ):
+            row.update(zip(_EXPLAINED, values, strict=True))
+            changed.append(
+                {"b_id": job_id, **{f"b_{k}": v for k, v in zip(_EXPLAINED, values, strict=True)}}
+            )
     if changed:
         stmt = (
             update(jobs)
-            .where(jobs.c.id == bindparam("b_id"))
+            .where(jobs.c.id == bindparam("b_id"), jobs.c.state == QUEUED)
             .values({k: bindparam(f"b_{k}") for k in _EXPLAINED})
         )
         conn.execute(stmt, changed)

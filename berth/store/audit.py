@@ -13,14 +13,17 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
+from berth.store.database import bump_version
 from berth.store.schema import EVENT_TYPES, events
 from berth.store.views import Event
 
 
 def emit(conn: Connection, t: float, job_id: str, kind: str, **data: Any) -> None:
+    """Log an event, with the store version its (locked) transaction makes."""
     if kind not in EVENT_TYPES:  # a typo here would hide a job's history from on-call
         raise ValueError(f"unknown event type {kind!r}; one of {EVENT_TYPES}")
-    conn.execute(events.insert().values(t=t, job_id=job_id, type=kind, data=data))
+    version = bump_version(conn)
+    conn.execute(events.insert().values(t=t, job_id=job_id, type=kind, data=data, version=version))
 
 
 def read_events(conn: Connection, job_id: str | None = None, after_id: int = 0) -> list[Event]:

@@ -10,7 +10,15 @@ at a time and a cycle never works from a stale view:
   documented recipe: the driver in autocommit mode, BEGIN emitted on SQLAlchemy's "begin"), so
   the write lock is taken at the start rather than at the first write, with a busy timeout.
 
-Readers (status, jobs, events, usage) take no lock: they see the last committed state.
+Readers (status, jobs, events, usage) take no lock: they see the last committed state. The
+scheduling loop reads several tables at once outside the lock (`snapshot`): REPEATABLE READ on
+PostgreSQL, a read transaction on SQLite (WAL gives it one snapshot), so what it reads is one
+committed state.
+
+Every locked transaction that changes what the engine sees bumps the store's version once
+(`bump_version`, called by the first event it writes and by every cycle): the scheduling
+loop's in-memory state knows which version it reflects, and the locked section of a cycle
+checks that nothing moved under it (mirror.py).
 """
 
 from __future__ import annotations
@@ -18,13 +26,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import Connection, Engine, create_engine, event, inspect, select
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from berth.store.schema import engine_row, metadata
 
 READ = "berth_read"  # execution option: a read-only transaction (no BEGIN IMMEDIATE)
+_VERSION = "berth_version"  # Connection.info: the version this locked transaction made
 
 
 class StoreURLError(ValueError):
@@ -87,13 +96,42 @@ def locked(engine: Engine) -> Iterator[Connection]:
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(select(engine_row.c.id).where(engine_row.c.id == 1).with_for_update())
-        yield conn
+        # info lives as long as the pooled DBAPI connection: reset it for this transaction
+        conn.info[_VERSION] = None
+        try:
+            yield conn
+        finally:
+            conn.info.pop(_VERSION, None)
+
+
+def bump_version(conn: Connection) -> int:
+    """The version this locked transaction makes: the engine row's, plus one, taken once."""
+    version = conn.info.get(_VERSION)
+    if version is None:
+        version = conn.execute(
+            update(engine_row)
+            .where(engine_row.c.id == 1)
+            .values(version=engine_row.c.version + 1)
+            .returning(engine_row.c.version)
+        ).scalar_one()
+        conn.info[_VERSION] = version
+    return version
 
 
 @contextmanager
 def reading(engine: Engine) -> Iterator[Connection]:
-    """A read-only transaction: one consistent view, no lock."""
+    """A read-only transaction, no lock (on PostgreSQL each statement sees the latest commit)."""
     with engine.execution_options(**{READ: True}).begin() as conn:
+        yield conn
+
+
+@contextmanager
+def snapshot(engine: Engine) -> Iterator[Connection]:
+    """A read-only transaction whose statements all see one committed state, no lock."""
+    options: dict = {READ: True}
+    if engine.dialect.name == "postgresql":
+        options["isolation_level"] = "REPEATABLE READ"
+    with engine.execution_options(**options).begin() as conn:
         yield conn
 
 
@@ -106,7 +144,9 @@ def create_schema(engine: Engine) -> None:
         metadata.create_all(conn)
         _check_columns(conn)
         if conn.execute(select(engine_row.c.id).where(engine_row.c.id == 1)).first() is None:
-            conn.execute(engine_row.insert().values(id=1, reservations={}, cycles=0, next_seq=1))
+            conn.execute(
+                engine_row.insert().values(id=1, reservations={}, cycles=0, next_seq=1, version=0)
+            )
 
 
 def _check_columns(conn: Connection) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import ColumnElement, Connection, func, select, update
 
 from berth.spec import JobSpec
 from berth.store.audit import emit
@@ -43,7 +43,6 @@ _CLEARED = {
     "reason_message": None,
     "reason_level": None,
     "reason_resource": None,
-    "position": None,
 }
 
 
@@ -77,12 +76,11 @@ def still_stopping(conn: Connection, waits_for: Iterable[str] | None) -> list[st
     return sorted(conn.execute(q).scalars())
 
 
-def last_sign(row: Mapping[str, Any]) -> float:
-    """When the job's worker was last known alive."""
-    for key in ("heartbeat_at", "started_at", "admitted_at"):
-        if row[key] is not None:
-            return row[key]
-    return row["submitted_at"]
+def silent_since(cutoff: float) -> ColumnElement[bool]:
+    """SQL: the job's worker was last known alive before `cutoff` (its last heartbeat, else
+    its start, else its admission: the reaper's clock), so that only silent rows are read."""
+    signs = (jobs.c.heartbeat_at, jobs.c.started_at, jobs.c.admitted_at, jobs.c.submitted_at)
+    return func.coalesce(*signs) < cutoff
 
 
 def insert(
@@ -155,7 +153,7 @@ def end_attempt(
         conn.execute(
             update(jobs)
             .where(jobs.c.id == job_id)
-            .values(state=state, finished_at=now, waits_for=[], position=None, **last)
+            .values(state=state, finished_at=now, waits_for=[], **last)
         )
         emit(conn, now, job_id, kind, attempt=attempt, **last)
         return

@@ -1,13 +1,15 @@
 """The store's tables (SQLAlchemy Core), shared by SQLite and PostgreSQL.
 
 - `jobs`: one row per job, its spec, its state and everything on-call asks about it: where it
-  runs, why it waits (reason and queue position, written by every cycle), the last outcome.
+  runs, why it waits (the reason a cycle wrote; the queue position is computed when read,
+  views.py), the last outcome.
   The engine's view of the request (replicas, milli-GPUs, ...) sits next to the spec so that a
   cycle rebuilds its jobs without validating specs again.
 - `attempts`: one row per admission: where it ran, how it ended.
-- `events`: the audit log, in commit order (every write happens under the store's lock).
-- `engine`: a single row (id 1): reservations, cycle count, the queue sequence; its row lock is
-  the store's lock on PostgreSQL.
+- `events`: the audit log, in commit order (every write happens under the store's lock), each
+  with the store version its transaction made.
+- `engine`: a single row (id 1): reservations, cycle count, the queue sequence, the version;
+  its row lock is the store's lock on PostgreSQL.
 
 Times are seconds since the epoch (floats), as the engine counts them. There are no migrations
 yet: `Store` creates missing tables (`metadata.create_all`); Alembic comes with the first
@@ -102,7 +104,6 @@ jobs = Table(
     Column("reason_message", Text),
     Column("reason_level", String(32)),
     Column("reason_resource", String(32)),
-    Column("position", Integer),  # 1-based, in its team's queue
     Column("labels", Json, nullable=False, default=dict),
     Column("outcome", String(16)),  # of the last attempt
     Column("message", Text),
@@ -134,6 +135,9 @@ events = Table(
     Column("job_id", ID, nullable=False),
     Column("type", String(16), nullable=False),
     Column("data", Json, nullable=False, default=dict),
+    # The store's version its transaction wrote (engine.version): the scheduling loop's
+    # in-memory state catches up by versions and sees a gap as one missing (mirror.py).
+    Column("version", Integer, nullable=False),
     Index("ix_events_job", "job_id", "id"),
 )
 
@@ -145,4 +149,6 @@ engine_row = Table(
     Column("last_cycle_at", Float),
     Column("cycles", Integer, nullable=False, default=0),
     Column("next_seq", Integer, nullable=False, default=1),  # queue order across all teams
+    # Bumped once by every transaction that writes events, and by every cycle (audit.py).
+    Column("version", Integer, nullable=False, default=0),
 )

@@ -20,11 +20,17 @@ A job's way through the store (states in schema.py):
   leaks no GPU.
 - Events (audit.py): submit, admit, start, preempt, finish, fail, requeue, lost, cancel, reject.
 
+Cycles run on an engine state this Store keeps in memory and catches up from what others
+committed (mirror.py), and decide outside the store's lock; the lock is held only to check that
+nothing the cycle decided about moved meanwhile and to write the decisions (apply.py).
+
 Partial-gang policies (`quota-spread`) are simulator-only and refused here.
 """
 
 from __future__ import annotations
 
+import gc
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -35,9 +41,11 @@ from sqlalchemy import Connection, func, select, update
 
 from berth.spec import JobSpec, check_spec
 from berth.store import lifecycle
-from berth.store.apply import run_cycle
+from berth.store.apply import commit, conflicts, decide
 from berth.store.audit import read_events
-from berth.store.database import connect, create_schema, locked, reading
+from berth.store.database import connect, create_schema, locked, reading, snapshot
+from berth.store.mirror import GapError, Mirror, News
+from berth.store.positions import queue_positions
 from berth.store.schema import (
     ADMITTED,
     CANCELLED,
@@ -69,6 +77,9 @@ from scheduling.quota import Team
 from scheduling.resources import Resources
 
 DEFAULT_LEASE_S = 300.0  # a worker silent this long is presumed dead (reap)
+# Cycles decided outside the lock that found a job they decided about changed meanwhile are
+# decided again; after this many, the next is decided under the lock, so a cycle always ends.
+OPTIMISTIC_TRIES = 2
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,9 @@ class Store:
             )
         self.engine = connect(url, busy_timeout_s)
         create_schema(self.engine)
+        self._mirror: Mirror | None = None
+        self._cycle = threading.Lock()  # one cycle at a time per Store: the mirror is shared
+        self.builds = 0  # full builds of the mirror (at start, on a gap, a cluster change)
 
     @property
     def cluster(self) -> Cluster:
@@ -164,30 +178,101 @@ class Store:
         dumped = spec.model_dump(mode="json")
         with locked(self.engine) as conn:
             row = _find(conn, job_id)
-            if row is not None:
-                if row["spec"] != dumped:
-                    raise DuplicateJobError(
-                        f"job_id: {job_id!r} already exists with a different spec; give a new "
-                        "job_id, or leave it out to get a fresh one"
-                    )
-                return status_from_row(row)
-            lifecycle.insert(conn, spec, dumped, job_id, labels, now)
-            return status_from_row(_get(conn, job_id))
+            if row is not None and row["spec"] != dumped:
+                raise DuplicateJobError(
+                    f"job_id: {job_id!r} already exists with a different spec; give a new "
+                    "job_id, or leave it out to get a fresh one"
+                )
+            if row is None:
+                lifecycle.insert(conn, spec, dumped, job_id, labels, now)
+        return self.status(job_id)  # its queue position is read outside the lock
 
     def schedule(self, now: float | None = None) -> CycleReport:
         """Run one scheduling cycle and write its decisions (apply.py)."""
         now = _now(now)
+        started = time.perf_counter()
         view = self._view()
-        with locked(self.engine) as conn:
-            return run_cycle(
-                conn,
-                view.cluster,
-                self.teams,
-                self.policy,
-                now,
-                held=view.held,
-                live=self._live is not None,
-            )
+        with self._cycle:
+            for tries in range(OPTIMISTIC_TRIES + 1):
+                mirror = self._caught_up(view)
+                result = decide(mirror, now) if tries < OPTIMISTIC_TRIES else None
+                with locked(self.engine) as conn:
+                    try:
+                        news = mirror.news(conn)
+                    except GapError:
+                        if result is not None:
+                            self._mirror = None
+                            continue
+                        mirror = self._build(conn, view)  # under the lock: it cannot move
+                        news = mirror.news(conn)
+                    if result is None:  # the last try: decide under the lock
+                        mirror.absorb(news)
+                        news = News.none(mirror)
+                        result = decide(mirror, now)
+                    elif conflicts(mirror, news, result):
+                        mirror.absorb(news)
+                        continue
+                    try:
+                        return commit(conn, mirror, news, result, started)
+                    except BaseException:
+                        self._mirror = None  # half applied: build it again next time
+                        raise
+        raise AssertionError("unreachable: the last try decides under the lock")
+
+    def self_check(self) -> None:
+        """Compare the in-memory state with one built afresh from the tables; raises
+        MirrorDiverged naming what differs. For tests and a periodic check in the loop."""
+        view = self._view()
+        with self._cycle:
+            mirror = self._caught_up(view)
+            with snapshot(self.engine) as conn:
+                try:
+                    mirror.absorb(mirror.news(conn))
+                except GapError:  # a cycle ran elsewhere: nothing to compare, build it again
+                    self._mirror = None
+                    return
+                fresh = Mirror.load(
+                    conn,
+                    view.cluster,
+                    self.teams,
+                    self.policy,
+                    held=view.held,
+                    live=self._live is not None,
+                )
+            mirror.check_against(fresh)
+
+    def _caught_up(self, view: ClusterView) -> Mirror:
+        """The mirror of this cluster view, caught up to the last commit (built if needed)."""
+        mirror = self._mirror
+        if (
+            mirror is not None
+            and mirror.cluster is not view.cluster
+            and mirror.cluster != view.cluster
+        ):
+            mirror = None
+        with snapshot(self.engine) as conn:
+            if mirror is not None:
+                try:
+                    mirror.absorb(mirror.news(conn))
+                except GapError:
+                    mirror = None
+            if mirror is None:
+                mirror = self._build(conn, view)
+        mirror.set_held(view.held)
+        return mirror
+
+    def _build(self, conn: Connection, view: ClusterView) -> Mirror:
+        # The state lives as long as the process: out of the collector's way once built
+        # (gc.freeze), after letting it collect the last one (gc.unfreeze).
+        gc.unfreeze()
+        self._mirror = None
+        mirror = Mirror.load(
+            conn, view.cluster, self.teams, self.policy, held=view.held, live=self._live is not None
+        )
+        gc.freeze()
+        self._mirror = mirror
+        self.builds += 1
+        return mirror
 
     def mark_started(self, job_id: str, attempt: int, *, now: float | None = None) -> JobStatus:
         """The job's replicas were launched for `attempt`. Repeating it is harmless."""
@@ -275,11 +360,12 @@ class Store:
         if not lease_s > 0:
             raise ValueError(f"lease_s: must be > 0 seconds, got {lease_s!r}")
         now = _now(now)
+        cutoff = now - lease_s
+        q = select(jobs).where(
+            jobs.c.state.in_((ADMITTED, RUNNING, PREEMPTING)), lifecycle.silent_since(cutoff)
+        )
         with locked(self.engine) as conn:
-            live = conn.execute(
-                select(jobs).where(jobs.c.state.in_((ADMITTED, RUNNING, PREEMPTING)))
-            ).mappings()
-            silent = [r for r in live if lifecycle.last_sign(r) < now - lease_s]
+            silent = list(conn.execute(q).mappings())
             for row in silent:
                 lifecycle.end_attempt(
                     conn, row, "lost", None, f"no heartbeat for {lease_s:g} s", now, by="reap"
@@ -298,13 +384,20 @@ class Store:
 
     def status(self, job_id: str) -> JobStatus:
         with reading(self.engine) as conn:
-            return status_from_row(_get(conn, job_id))
+            return self._statuses(conn, [_get(conn, job_id)])[0]
 
     def statuses(self, job_ids: Iterable[str]) -> dict[str, JobStatus]:
         """The known jobs among `job_ids`, in one query (unknown ids are left out)."""
         q = select(jobs).where(jobs.c.id.in_(list(job_ids)))
         with reading(self.engine) as conn:
-            return {r["id"]: status_from_row(r) for r in conn.execute(q).mappings()}
+            return {s.id: s for s in self._statuses(conn, conn.execute(q).mappings())}
+
+    def _statuses(self, conn: Connection, rows: Iterable[Mapping[str, Any]]) -> list[JobStatus]:
+        """Statuses of `rows`, the queued ones with their queue positions (positions.py)."""
+        rows = list(rows)
+        teams = {r["team"] for r in rows if r["state"] == QUEUED}
+        positions = queue_positions(conn, self.policy, teams)
+        return [status_from_row(r, positions.get(r["id"])) for r in rows]
 
     def change_token(self) -> int:
         """The last event's id. It moves with every submission, admission, start, end,
@@ -325,7 +418,7 @@ class Store:
                 raise ValueError(f"states: unknown {bad}; use some of {', '.join(STATES)}")
             q = q.where(jobs.c.state.in_(states))
         with reading(self.engine) as conn:
-            return [status_from_row(r) for r in conn.execute(q).mappings()]
+            return self._statuses(conn, conn.execute(q).mappings())
 
     def events(self, job_id: str | None = None, *, after_id: int = 0) -> list[Event]:
         """The audit log in commit order: one job's, or everyone's after `after_id`."""

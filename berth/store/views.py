@@ -139,7 +139,8 @@ def placement_from_json(data: Any) -> tuple[PlacedReplica, ...]:
     )
 
 
-def status_from_row(row: Mapping[str, Any]) -> JobStatus:
+def status_from_row(row: Mapping[str, Any], position: int | None = None) -> JobStatus:
+    """The status of a jobs row; `position` in its team's queue if queued (positions.py)."""
     return JobStatus(
         id=row["id"],
         name=row["name"],
@@ -152,7 +153,7 @@ def status_from_row(row: Mapping[str, Any]) -> JobStatus:
         reason_message=row["reason_message"],
         reason_level=row["reason_level"],
         reason_resource=row["reason_resource"],
-        position=row["position"],
+        position=position,
         placement=placement_from_json(row["placement"]),
         level=row["level"],
         waits_for=tuple(row["waits_for"] or ()),
