@@ -44,6 +44,9 @@ from operators.tracking import MlflowRunLink, TaskRef, close_attempt, push_run_u
 from operators.triggers import AdmissionTrigger, CompletionTrigger
 
 log = logging.getLogger(__name__)
+# How long a worker waits for the scheduling loop's decision on a job it just submitted before
+# it defers to the triggerer: a cycle is milliseconds to a tenth of a second (bench.store_bench).
+DECISION_WAIT_S = 5.0
 
 
 class BerthRunOperator(BaseOperator):
@@ -118,12 +121,17 @@ class BerthRunOperator(BaseOperator):
             return self._watch_again(context, store, st)
         elif st.state == "preempting":
             return self._requeue(context, job_id, st.attempt, "preempting")
-        # Fast path: one cycle here. A job the cluster has room for launches at once, without
-        # a round trip through the triggerer (seconds saved; and no deferral that a trigger
-        # could answer before Airflow has processed the worker's exit: apache/airflow#72716).
-        store.reap()
-        store.schedule()
-        st = store.status(job_id)
+        # Fast path: a job the cluster has room for launches at once, without a round trip
+        # through the triggerer (seconds saved; and no deferral that a trigger could answer
+        # before Airflow has processed the worker's exit: apache/airflow#72716). The
+        # scheduling loop, when one leads, was woken by the submission: wait for its decision;
+        # without one, run a cycle here.
+        if store.loop_holder() is not None:
+            st = store.decided(job_id, timeout_s=DECISION_WAIT_S)
+        else:
+            store.reap()
+            store.schedule()
+            st = store.status(job_id)
         if st.state == "admitted" and store.launchable(job_id):
             try:
                 launched = launch_attempt(plan, job_id, st.attempt)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Airflow for this project, the embedded default: `airflow standalone` (SQLite, LocalExecutor,
-# api-server, scheduler, DAG processor, triggerer) on this repo's dags/ and plugins/, with Berth's
-# store and files under $BERTH_HOME (default .berth/, git-ignored). Team pools are synced once it
+# api-server, scheduler, DAG processor, triggerer) on this repo's dags/ and plugins/, and Berth's
+# scheduling loop (`berth scheduler`, log $BERTH_HOME/scheduler.log), with Berth's store and
+# files under $BERTH_HOME (default .berth/, git-ignored). Team pools are synced once it
 # is up, and the admin user and password are printed.
 # Usage: scripts/airflow.sh [run|start|stop]
 #   run    in the foreground; Ctrl-C stops everything (the default)
@@ -63,13 +64,16 @@ case "${1:-run}" in
   *) echo "usage: $0 [run|start|stop]" >&2; exit 2 ;;
 esac
 
-mkdir -p "$AIRFLOW_HOME" "$ROOT/plugins"
+mkdir -p "$AIRFLOW_HOME" "$BERTH_HOME" "$ROOT/plugins"
 printf '{"%s": "%s"}\n' "$USER_NAME" "$PASSWORD" > "$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
 chmod 600 "$AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"
 
 "$ROOT/.venv/bin/airflow" standalone > "$AIRFLOW_HOME/standalone.log" 2>&1 &
 STANDALONE=$!
-trap 'kill "$STANDALONE" 2>/dev/null; wait "$STANDALONE" 2>/dev/null || true' EXIT INT TERM
+# Berth's scheduling loop (berth/store/loop.py): decides every cycle, woken by each change.
+"$ROOT/.venv/bin/berth" scheduler > "$BERTH_HOME/scheduler.log" 2>&1 &
+LOOP=$!
+trap 'kill "$STANDALONE" "$LOOP" 2>/dev/null; wait "$STANDALONE" "$LOOP" 2>/dev/null || true' EXIT INT TERM
 
 echo "starting Airflow (log: $AIRFLOW_HOME/standalone.log) ..."
 for _ in $(seq 1 180); do

@@ -3,76 +3,22 @@
 Order of preference:
 1. `BERTH_TEST_PG_URL` (an existing server; its user needs CREATEDB): each test gets a new
    database there, dropped at the end.
-2. `initdb` and `pg_ctl` from PATH or /usr/lib/postgresql/*/bin: a server in a temp dir,
-   listening only on a unix socket there, stopped and deleted at the end. As root it runs as
-   the `postgres` user (initdb refuses root).
+2. `initdb` and `pg_ctl` from PATH or /usr/lib/postgresql/*/bin: a server in a temp dir
+   (bench/postgres.py, which the store benchmark uses too).
 3. Neither: the tests skip, saying why; with BERTH_REQUIRE_POSTGRES=1 (CI) they fail instead.
 """
 
 from __future__ import annotations
 
-import glob
-import itertools
 import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
-import psycopg
 import pytest
-from ports import free_port
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import make_url
 
+from bench.postgres import PostgresServer, Unavailable, throwaway
 
-class PostgresServer:
-    """A server the tests may create databases on."""
-
-    def __init__(self, admin_url: URL) -> None:
-        self.admin_url = admin_url
-        self._names = itertools.count()
-        self.created: list[str] = []
-
-    def _connect(self) -> psycopg.Connection:
-        u = self.admin_url
-        kwargs = {k: v for k, v in u.query.items() if isinstance(v, str)}
-        return psycopg.connect(
-            dbname=u.database or "postgres",
-            user=u.username,
-            password=u.password,
-            host=kwargs.pop("host", u.host),
-            port=kwargs.pop("port", u.port),
-            autocommit=True,
-            **kwargs,
-        )
-
-    def new_database(self) -> str:
-        """A fresh, empty database; returns its SQLAlchemy URL."""
-        name = f"berth_test_{os.getpid()}_{next(self._names)}"
-        with self._connect() as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            conn.execute(f'CREATE DATABASE "{name}"')
-        self.created.append(name)
-        return self.admin_url.set(database=name).render_as_string(hide_password=False)
-
-    def drop_created(self) -> None:
-        with self._connect() as conn:
-            for name in self.created:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _find_bin(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), key=_version)
-    return candidates[-1] if candidates else None
-
-
-def _version(path: str) -> int:
-    part = Path(path).parts[-3]
-    return int(part) if part.isdigit() else 0
+__all__ = ["PostgresServer", "postgres"]
 
 
 def _unavailable(why: str) -> None:
@@ -89,54 +35,10 @@ def postgres() -> Iterator[PostgresServer]:
         yield server
         server.drop_created()
         return
-    initdb, pg_ctl = _find_bin("initdb"), _find_bin("pg_ctl")
-    if initdb is None or pg_ctl is None:
-        _unavailable("initdb/pg_ctl are not on PATH nor under /usr/lib/postgresql/*/bin")
-    as_root = os.geteuid() == 0
-    prefix: list[str] = []
-    # Not under pytest's tmp dir: that is private to root, and the server runs as postgres.
-    base = Path(tempfile.mkdtemp(prefix="berth-pg-"))
-    if as_root:
-        runuser = shutil.which("runuser")
-        if runuser is None:
-            _unavailable("the tests run as root and runuser is missing (initdb refuses root)")
-        prefix = [runuser, "-u", "postgres", "--"]
-        shutil.chown(base, "postgres", "postgres")
-    data, log = base / "data", base / "server.log"
-    port = free_port()
     try:
-        subprocess.run(
-            [*prefix, initdb, "-D", str(data), "-U", "berth", "--auth=trust", "-E", "UTF8",
-             "--no-sync", "--no-instructions"],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )  # fmt: skip
-        options = f"-p {port} -k {base} -c listen_addresses='' -c fsync=off -c max_connections=50"
-        subprocess.run(
-            [*prefix, pg_ctl, "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60",
-             "start"],
-            check=True,
-            capture_output=True,
-            timeout=90,
-        )  # fmt: skip
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-        out = getattr(e, "stderr", b"") or b""
-        tail = log.read_text()[-2000:] if log.exists() else ""
-        shutil.rmtree(base, ignore_errors=True)
-        pytest.fail(f"could not start PostgreSQL: {e}\n{out.decode(errors='replace')}\n{tail}")
-    url = URL.create(
-        "postgresql+psycopg",
-        username="berth",
-        database="postgres",
-        query={"host": str(base), "port": str(port)},
-    )
-    try:
-        yield PostgresServer(url)
-    finally:
-        subprocess.run(
-            [*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"],
-            capture_output=True,
-            timeout=60,
-        )
-        shutil.rmtree(base, ignore_errors=True)
+        with throwaway() as server:
+            yield server
+    except Unavailable as e:
+        _unavailable(str(e))
+    except RuntimeError as e:  # it should have started and did not
+        pytest.fail(str(e))

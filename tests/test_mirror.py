@@ -123,14 +123,14 @@ def step(rng: random.Random, s: Store, view: LiveView, t: float, n: int) -> None
         view.gone ^= {f"n-{rng.randrange(1, 3):03d}"}
 
 
-def random_run(seed: int, steps: int, check: bool = True) -> Counter:
+def random_run(seed: int, steps: int, check: bool = True, url: str | None = None) -> Counter:
     """A random run on a live cluster, the mirror compared with a rebuild after every step;
-    returns the events it made, by type."""
+    returns the events it made, by type. On a new SQLite file unless `url` is given."""
     rng = random.Random(seed)
     view = LiveView(CLUSTER)
     with (
         tempfile.TemporaryDirectory() as d,
-        Store(f"sqlite:///{d}/b.db", None, TEAMS, FAST, live=view) as s,
+        Store(url or f"sqlite:///{d}/b.db", None, TEAMS, FAST, live=view) as s,
     ):
         for n in range(steps):
             step(rng, s, view, 30.0 * (n + 1), n)

@@ -9,6 +9,13 @@ from __future__ import annotations
 import pytest
 from pg import PostgresServer, postgres  # noqa: F401 (the session fixture)
 from store_workload import run_workers
+from test_loop import (  # noqa: F401 (collected again, on PostgreSQL)
+    check_failover,
+    test_a_committed_change_wakes_a_listener_and_a_burst_wakes_it_once,
+    test_one_loop_leads_the_other_stands_by_and_a_stale_leader_cannot_write,
+    test_the_loop_admits_a_submission_when_woken_not_by_polling,
+)
+from test_mirror import random_run
 from test_store import (  # noqa: F401 (collected again, on PostgreSQL)
     check_concurrent_history,
     make_store,
@@ -42,3 +49,23 @@ def test_the_store_really_runs_on_postgresql(store_url: str) -> None:
 def test_concurrent_pollers_never_give_a_gpu_twice_postgres(store_url: str) -> None:
     run_workers(store_url, workers=4, jobs=100)
     check_concurrent_history(store_url, jobs=100)
+
+
+@pytest.fixture
+def loop_url(postgres: PostgresServer) -> str:  # noqa: F811
+    return postgres.new_database()
+
+
+def test_the_state_in_memory_never_differs_from_a_rebuild_postgres(
+    postgres: PostgresServer,  # noqa: F811
+) -> None:
+    for seed in (1, 2):
+        random_run(seed, steps=300, url=postgres.new_database())
+
+
+def test_a_standby_loop_takes_over_when_the_leader_dies_mid_cycle_postgres(
+    loop_url: str, tmp_path
+) -> None:
+    takeover = check_failover(loop_url, tmp_path)
+    print(f"standby took over {takeover:.2f} s after the kill")
+    assert takeover <= 3.0 + 2.0  # the lease's ttl, then the standby's next claim

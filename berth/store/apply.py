@@ -7,7 +7,8 @@ A cycle (Store.schedule):
                the cycle decided about, or a cycle ran elsewhere, decide again; otherwise take
                the news in, re-check every allocation (EngineState.apply) and write: victims ->
                preempting; admitted -> admitted with placement, attempt row and waits_for;
-               rejected; every job still queued gets its reason (only rows whose reason changed)
+               rejected; every job still queued gets its reason (only rows whose reason changed,
+               worked out before the lock)
 
 Jobs submitted or ended meanwhile cannot make a decision wrong: a submission adds a job the
 next cycle weighs, an end frees what the decision did not count on. So the locked section is
@@ -17,6 +18,7 @@ next cycle weighs, an end frees what the decision did not count on. So the locke
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, bindparam, func, select, update
 
@@ -39,6 +41,7 @@ from scheduling.cycle import schedule
 from scheduling.decisions import CycleResult, PendingReason
 
 _EXPLAINED = ("reason_code", "reason_message", "reason_level", "reason_resource")
+_B_EXPLAINED = tuple(f"b_{k}" for k in _EXPLAINED)  # bind names differ from column names
 
 
 def decide(mirror: Mirror, now: float) -> CycleResult:
@@ -60,7 +63,13 @@ def conflicts(mirror: Mirror, news: News, result: CycleResult) -> bool:
 
 
 def commit(
-    conn: Connection, mirror: Mirror, news: News, result: CycleResult, started: float
+    conn: Connection,
+    mirror: Mirror,
+    news: News,
+    result: CycleResult,
+    explained: Explained,
+    started: float,
+    tries: int = 1,
 ) -> CycleReport:
     """Under the lock: take the news in, check and apply the decisions, write them. Any error
     leaves the mirror unusable (the caller builds it again) and rolls the transaction back."""
@@ -73,7 +82,7 @@ def commit(
     _reject(conn, mirror, now)
     _preempt(conn, mirror, result, now)
     _admit(conn, mirror, result, now)
-    waiting = _explain(conn, mirror, result)
+    _write_reasons(conn, mirror, explained)
     cycle = news.cycles + 1
     conn.execute(
         update(engine_row)
@@ -92,10 +101,11 @@ def commit(
         admitted=tuple(a.job.id for a in result.admitted),
         preempted=tuple(p.job_id for p in result.preempted),
         rejected=rejected,
-        queued=len(waiting),
+        queued=len(explained.waiting),
         next_wakeup=result.next_wakeup,
         wall_ms=(time.perf_counter() - started) * 1000.0,
-        waiting=waiting,
+        waiting=explained.waiting,
+        tries=tries,
     )
 
 
@@ -166,33 +176,45 @@ def _admit(conn: Connection, mirror: Mirror, result: CycleResult, now: float) ->
         mirror.rows[job_id].update(values, last_ended_at=None)
 
 
-def _explain(conn: Connection, mirror: Mirror, result: CycleResult) -> dict[str, str]:
-    """Write each still-queued job's reason; only rows whose reason changed."""
-    waiting: dict[str, str] = {}
-    changed = []
+@dataclass
+class Explained:
+    """Why each job still waits after a cycle: every reason (`waiting`, job -> code) and the
+    rows whose reason changed (`changed`, job -> the four reason columns)."""
+
+    waiting: dict[str, str] = field(default_factory=dict)
+    changed: dict[str, tuple] = field(default_factory=dict)
+
+
+def explain(mirror: Mirror, result: CycleResult) -> Explained:
+    """The reasons of the jobs the cycle leaves queued, against those the tables hold: worked
+    out before the lock is taken (a pass over the whole queue), written under it."""
+    out = Explained()
     rows = mirror.rows
     for job_id, pending in mirror.state.pending.items():
         reason: PendingReason | None = result.reason_for(pending)
-        if reason is None:
+        if reason is None:  # admitted by this cycle
             continue
-        waiting[job_id] = code = str(reason.code)
+        out.waiting[job_id] = code = str(reason.code)
         row = rows[job_id]
         values = (code, reason.message, reason.level, reason.resource)
-        if values != (
-            row["reason_code"],
-            row["reason_message"],
-            row["reason_level"],
-            row["reason_resource"],
-        ):
-            row.update(zip(_EXPLAINED, values, strict=True))
-            changed.append(
-                {"b_id": job_id, **{f"b_{k}": v for k, v in zip(_EXPLAINED, values, strict=True)}}
-            )
-    if changed:
+        if values != tuple(row[k] for k in _EXPLAINED):
+            out.changed[job_id] = values
+    return out
+
+
+def _write_reasons(conn: Connection, mirror: Mirror, explained: Explained) -> None:
+    """Write the changed reasons of the jobs still queued (one a change committed meanwhile
+    took out of the queue keeps what that change wrote)."""
+    pending, rows = mirror.state.pending, mirror.rows
+    batch = []
+    for job_id, values in explained.changed.items():
+        if job_id in pending:
+            rows[job_id].update(zip(_EXPLAINED, values, strict=True))
+            batch.append({"b_id": job_id, **dict(zip(_B_EXPLAINED, values, strict=True))})
+    if batch:
         stmt = (
             update(jobs)
             .where(jobs.c.id == bindparam("b_id"), jobs.c.state == QUEUED)
-            .values({k: bindparam(f"b_{k}") for k in _EXPLAINED})
+            .values({k: bindparam(b) for k, b in zip(_EXPLAINED, _B_EXPLAINED, strict=True)})
         )
-        conn.execute(stmt, changed)
-    return waiting
+        conn.execute(stmt, batch)

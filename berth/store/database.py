@@ -18,7 +18,8 @@ committed state.
 Every locked transaction that changes what the engine sees bumps the store's version once
 (`bump_version`, called by the first event it writes and by every cycle): the scheduling
 loop's in-memory state knows which version it reflects, and the locked section of a cycle
-checks that nothing moved under it (mirror.py).
+checks that nothing moved under it (mirror.py). Such a transaction wakes the listeners once it
+has committed (wakeup.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, inspect, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from berth.store import wakeup
 from berth.store.schema import engine_row, metadata
 
 READ = "berth_read"  # execution option: a read-only transaction (no BEGIN IMMEDIATE)
@@ -93,6 +95,7 @@ def _sqlite_locking(engine: Engine, busy_timeout_s: float) -> None:
 @contextmanager
 def locked(engine: Engine) -> Iterator[Connection]:
     """A transaction holding the store's lock; commits on success, rolls back on error."""
+    changed = False
     with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(select(engine_row.c.id).where(engine_row.c.id == 1).with_for_update())
@@ -100,8 +103,13 @@ def locked(engine: Engine) -> Iterator[Connection]:
         conn.info[_VERSION] = None
         try:
             yield conn
+            changed = conn.info.get(_VERSION) is not None
+            if changed:
+                wakeup.notify_in(conn)  # PostgreSQL delivers it on commit
         finally:
             conn.info.pop(_VERSION, None)
+    if changed:
+        wakeup.woken_after_commit(engine)  # SQLite's listeners
 
 
 def bump_version(conn: Connection) -> int:

@@ -18,7 +18,9 @@ the embedded default, the triggerer's), and runs a cycle only when one can decid
 
 Cycles are locked transactions in the store (decision 0006), so the pollers of other processes
 (another triggerer, a worker's first cycle) may run theirs at the same time: no GPU is given
-twice. The poller lives while it has waiters and ends with the last one.
+twice. When the scheduling loop leads (`berth scheduler`, loop.py), the poller runs no cycle
+and no reaping: it only reads and answers. The poller lives while it has waiters and ends with
+the last one.
 """
 
 from __future__ import annotations
@@ -127,12 +129,15 @@ class CyclePoller:
                     # The token from before the cycle: the cycle's own admissions move it, so
                     # the next tick runs one more cycle (which then finds nothing new to do).
                     seen = token
-                    if now - last_reap >= poll_s:
-                        await asyncio.to_thread(self.store.reap, lease_s=self.lease_s)
-                        last_reap = now
-                    report = await asyncio.to_thread(self.store.schedule)
-                    self.cycles += 1
-                    next_wakeup = report.next_wakeup
+                    # The scheduling loop, when one leads, decides (and reaps); a cycle here
+                    # would only make it rebuild its state. Then only the answers are ours.
+                    if await asyncio.to_thread(self.store.loop_holder) is None:
+                        if now - last_reap >= poll_s:
+                            await asyncio.to_thread(self.store.reap, lease_s=self.lease_s)
+                            last_reap = now
+                        report = await asyncio.to_thread(self.store.schedule)
+                        self.cycles += 1
+                        next_wakeup = report.next_wakeup
                     last_cycle = time.monotonic()
                     await self._answer()
                 self._wake.clear()

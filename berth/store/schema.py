@@ -152,3 +152,15 @@ engine_row = Table(
     # Bumped once by every transaction that writes events, and by every cycle (audit.py).
     Column("version", Integer, nullable=False, default=0),
 )
+
+# Who runs the scheduling loop (loop.py): one holder at a time, for `expires_at`; renewed by its
+# holder while it lives, taken over by another once expired. `epoch` grows with every new
+# holder: a cycle commits only while its loop's epoch is the current one (a fence).
+leases = Table(
+    "leases",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(255), nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("expires_at", Float, nullable=False),
+)

@@ -34,16 +34,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Connection, func, select, update
 
 from berth.spec import JobSpec, check_spec
 from berth.store import lifecycle
-from berth.store.apply import commit, conflicts, decide
+from berth.store.apply import commit, conflicts, decide, explain
 from berth.store.audit import read_events
 from berth.store.database import connect, create_schema, locked, reading, snapshot
+from berth.store.lease import Lease
 from berth.store.mirror import GapError, Mirror, News
 from berth.store.positions import queue_positions
 from berth.store.schema import (
@@ -58,6 +59,7 @@ from berth.store.schema import (
     RUNNING,
     STATES,
     TERMINAL,
+    engine_row,
     events,
     jobs,
 )
@@ -71,6 +73,7 @@ from berth.store.views import (
     UnsupportedPolicyError,
     status_from_row,
 )
+from berth.store.wakeup import listen
 from scheduling.cluster import Cluster
 from scheduling.policy import Policy, foreign_strategies, get_policy
 from scheduling.quota import Team
@@ -187,16 +190,23 @@ class Store:
                 lifecycle.insert(conn, spec, dumped, job_id, labels, now)
         return self.status(job_id)  # its queue position is read outside the lock
 
-    def schedule(self, now: float | None = None) -> CycleReport:
-        """Run one scheduling cycle and write its decisions (apply.py)."""
+    def schedule(self, now: float | None = None, *, lease: Lease | None = None) -> CycleReport:
+        """Run one scheduling cycle and write its decisions (apply.py); with a `lease` (the
+        scheduling loop's), only while it is held (LeaseLost otherwise)."""
         now = _now(now)
         started = time.perf_counter()
         view = self._view()
         with self._cycle:
             for tries in range(OPTIMISTIC_TRIES + 1):
                 mirror = self._caught_up(view)
-                result = decide(mirror, now) if tries < OPTIMISTIC_TRIES else None
+                result = explained = None
+                if tries < OPTIMISTIC_TRIES:
+                    result = decide(mirror, now)
+                    explained = explain(mirror, result)
+                asked = time.perf_counter()
                 with locked(self.engine) as conn:
+                    if lease is not None:
+                        lease.check(conn)
                     try:
                         news = mirror.news(conn)
                     except GapError:
@@ -205,19 +215,50 @@ class Store:
                             continue
                         mirror = self._build(conn, view)  # under the lock: it cannot move
                         news = mirror.news(conn)
-                    if result is None:  # the last try: decide under the lock
+                    if result is None or explained is None:  # the last try: under the lock
                         mirror.absorb(news)
                         news = News.none(mirror)
                         result = decide(mirror, now)
+                        explained = explain(mirror, result)
                     elif conflicts(mirror, news, result):
                         mirror.absorb(news)
                         continue
                     try:
-                        return commit(conn, mirror, news, result, started)
+                        report = commit(conn, mirror, news, result, explained, started, tries + 1)
                     except BaseException:
                         self._mirror = None  # half applied: build it again next time
                         raise
+                # from asking for the lock to the commit's end: what others may wait for
+                return replace(report, locked_ms=(time.perf_counter() - asked) * 1000.0)
         raise AssertionError("unreachable: the last try decides under the lock")
+
+    def changed(self) -> bool:
+        """Whether anything was committed since this Store's last cycle (or it has none)."""
+        if self._mirror is None:
+            return True
+        with reading(self.engine) as conn:
+            version = conn.execute(select(engine_row.c.version)).scalar_one()
+        return version != self._mirror.version
+
+    def decided(self, job_id: str, timeout_s: float) -> JobStatus:
+        """The job's status once a cycle has decided about it (admitted, or queued with a
+        reason), or at `timeout_s`; woken by committed changes (wakeup.py), not by polling.
+        What a caller does while the scheduling loop leads instead of running a cycle."""
+        listener = listen(self.engine)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                st = self.status(job_id)
+                left = deadline - time.monotonic()
+                if st.state != QUEUED or st.reason_code is not None or left <= 0:
+                    return st
+                listener.wait(min(left, 1.0))
+        finally:
+            listener.close()
+
+    def loop_holder(self) -> str | None:
+        """The scheduling loop that leads now (lease.py), or None: then callers run cycles."""
+        return Lease(self.engine).holder_now()
 
     def self_check(self) -> None:
         """Compare the in-memory state with one built afresh from the tables; raises

@@ -131,6 +131,9 @@ class CycleReport:
     next_wakeup: float | None  # a time-based change (backoff, starvation) is due then
     wall_ms: float
     waiting: Mapping[str, str] = field(default_factory=dict)  # job -> reason code
+    # Decisions made: 1, or more when a job one decided about changed before it was written.
+    tries: int = 1
+    locked_ms: float = 0.0  # from asking for the store's lock to committing: others wait this
 
 
 def placement_from_json(data: Any) -> tuple[PlacedReplica, ...]:

@@ -1,0 +1,182 @@
+"""The long-lived scheduling loop (berth/store/loop.py): wake-ups, the lease, failover.
+
+The scenario tests run on SQLite here and on PostgreSQL in tests/test_store_postgres.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from store_workload import LIVE, _step, audit, ceilings, job_id, open_store, spec_for
+
+from berth.store import JobStateError
+from berth.store.lease import Lease, LeaseLost
+from berth.store.loop import SchedulingLoop
+from berth.store.wakeup import listen
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture
+def loop_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/berth.db"
+
+
+def test_a_committed_change_wakes_a_listener_and_a_burst_wakes_it_once(loop_url: str) -> None:
+    store = open_store(loop_url)
+    listener = listen(store.engine)
+    try:
+        assert not listener.wait(0.2)  # nothing happened
+        store.submit(spec_for(0), job_id=job_id(0))
+        assert listener.wait(5.0)
+        for i in range(1, 6):  # a burst
+            store.submit(spec_for(i), job_id=job_id(i))
+        assert listener.wait(5.0)
+        time.sleep(0.2)  # anything still in flight arrives and is drained next
+        listener.wait(0.0)
+        assert not listener.wait(0.2)  # the burst was one wake-up (or two), not six
+        store.heartbeat(job_id(0))  # no change the engine sees: no wake-up
+        assert not listener.wait(0.2)
+    finally:
+        listener.close()
+        store.close()
+
+
+@contextlib.contextmanager
+def running(loop: SchedulingLoop) -> Iterator[threading.Thread]:
+    thread = threading.Thread(target=loop.run, name="loop", daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        loop.stop.set()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+
+
+def _until(condition, timeout: float = 20.0) -> float:
+    """Seconds until `condition()` held; fails at the timeout."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, "timed out"
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def test_the_loop_admits_a_submission_when_woken_not_by_polling(loop_url: str) -> None:
+    store = open_store(loop_url)
+    # check_s: the loop would look at the store on its own only after a minute
+    loop = SchedulingLoop(open_store(loop_url), check_s=60.0, ttl_s=120.0)
+    try:
+        with running(loop):
+            _until(lambda: loop.leader)
+            time.sleep(0.3)  # past its first cycle: asleep now
+            before = loop.stats.cycles
+            store.submit(spec_for(0), job_id=job_id(0))
+            _until(lambda: store.status(job_id(0)).state == "admitted", timeout=20.0)
+            assert loop.stats.cycles == before + 1
+            store.heartbeat(job_id(0))  # wakes nobody: nothing the engine sees changed
+            time.sleep(0.3)
+            assert loop.stats.cycles == before + 1
+        assert store.loop_holder() is None  # a clean stop hands the lease back
+    finally:
+        store.close()
+
+
+def test_one_loop_leads_the_other_stands_by_and_a_stale_leader_cannot_write(
+    loop_url: str,
+) -> None:
+    store = open_store(loop_url)
+    a, b = Lease(store.engine, ttl_s=10.0, holder="a"), Lease(store.engine, ttl_s=10.0, holder="b")
+    assert a.claim(now=100.0) and not b.claim(now=105.0)  # held: b stands by
+    assert a.claim(now=108.0)  # renewed until 118
+    assert not b.claim(now=117.0) and b.claim(now=119.0)  # expired: b takes over
+    assert (a.epoch, b.epoch) == (1, 2)
+    store.submit(spec_for(0), job_id=job_id(0))
+    with pytest.raises(LeaseLost, match="held by b"):
+        store.schedule(lease=a)  # a woke up late: it may not commit
+    assert store.status(job_id(0)).state == "queued"
+    b.claim()  # renewed at the wall clock
+    assert store.schedule(lease=b).admitted == (job_id(0),)
+    store.close()
+
+
+def _loop_process(url: str, ttl_s: float, folder: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "loop_process.py"), url, str(ttl_s), str(folder)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def check_failover(url: str, folder: Path, jobs: int = 40, ttl_s: float = 3.0) -> float:
+    """Two loop processes; the leader is killed inside a cycle's commit, holding the lock; the
+    standby takes over; workers (here) start and end jobs until all have succeeded. Returns
+    how long the takeover took after the kill."""
+    store = open_store(url)
+    lease = Lease(store.engine)
+    first = _loop_process(url, ttl_s, folder)
+    procs = [first]
+    rng = random.Random(3)
+    try:
+        _until(lambda: lease.holder_now() == f"loop-{first.pid}")
+        second = _loop_process(url, ttl_s, folder)
+        procs.append(second)
+
+        def work() -> None:
+            for st in store.jobs(states=LIVE):
+                with contextlib.suppress(JobStateError):
+                    _step(store, st.id, st.state, st.attempt, rng)
+
+        for i in range(jobs // 2):
+            store.submit(spec_for(i), job_id=job_id(i))
+        _until(lambda: any(s.state != "queued" for s in store.jobs()))
+        for _ in range(20):
+            work()
+        (folder / f"slow-{first.pid}").write_text("")
+        # wakes the leader: its cycle stops in the commit, holding the store's lock
+        store.submit(spec_for(jobs // 2), job_id=job_id(jobs // 2))
+        _until(lambda: (folder / f"in-commit-{first.pid}").exists())
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        killed = time.monotonic()
+        for i in range(jobs // 2 + 1, jobs):
+            store.submit(spec_for(i), job_id=job_id(i))
+        _until(lambda: lease.holder_now() == f"loop-{second.pid}", timeout=ttl_s + 10)
+        takeover = time.monotonic() - killed
+        deadline = time.monotonic() + 180
+        while store.jobs(states=LIVE):
+            assert time.monotonic() < deadline, [s.state for s in store.jobs(states=LIVE)]
+            work()
+            time.sleep(0.02)
+        final = store.jobs()
+        assert len(final) == jobs and {s.state for s in final} == {"succeeded"}  # nothing lost
+        kinds = audit(store.events(), ceilings())  # no GPU ever given twice, quotas held
+        assert kinds["admit"] == jobs + kinds["requeue"] + kinds["lost"]
+        return takeover
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                p.kill()
+            p.wait(timeout=30)
+        store.close()
+
+
+def test_a_standby_loop_takes_over_when_the_leader_dies_mid_cycle_sqlite(
+    loop_url: str, tmp_path: Path
+) -> None:
+    takeover = check_failover(loop_url, tmp_path)
+    print(f"standby took over {takeover:.2f} s after the kill")
+    assert takeover <= 3.0 + 2.0  # the lease's ttl, then the standby's next claim
