@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a
 
 import berth.store.store as store_module
 from bench.common import RESULTS, code_version, console_for_tables, machine, reference_ms
-from bench.cycle_bench import Bed, stats, warm_up
+from bench.cycle_bench import Bed, GcWatch, stats, warm_up
 from berth.spec import JobSpec
 from berth.store import Store
 from berth.store.rebuild import placement_json
@@ -226,16 +226,31 @@ def time_cycles(
     store: Store, driver: Driver, runs: int, warmup_runs: int, rebuild: bool
 ) -> list[dict[str, float]]:
     out = []
-    for i in range(warmup_runs + runs):
-        driver.between_cycles()
-        if rebuild:
-            store._mirror = None
-        started = time.perf_counter()
-        report = store.schedule(now=driver.now)
-        ms = (time.perf_counter() - started) * 1000
-        if i >= warmup_runs:
-            out.append({"ms": ms, "admitted": len(report.admitted), "tries": report.tries})
-        driver.after_cycle(report.admitted, report.preempted)
+    watch = GcWatch()
+    gc.callbacks.append(watch)
+    try:
+        for i in range(warmup_runs + runs):
+            driver.between_cycles()
+            if rebuild:
+                store._mirror = None
+            watch.reset()
+            started = time.perf_counter()
+            report = store.schedule(now=driver.now)
+            ms = (time.perf_counter() - started) * 1000
+            if i >= warmup_runs:
+                out.append(
+                    {
+                        "ms": ms,
+                        "locked_ms": report.locked_ms,
+                        "gc_ms": watch.pause_s * 1000,
+                        "gc_full": watch.collections[2] > 0,
+                        "admitted": len(report.admitted),
+                        "tries": report.tries,
+                    }
+                )
+            driver.after_cycle(report.admitted, report.preempted)
+    finally:
+        gc.callbacks.remove(watch)
     return out
 
 
@@ -303,13 +318,15 @@ def contention(url: str, store: Store, driver: Driver, seconds: float) -> dict[s
     store.close()  # no pooled connection may cross the fork
     writer = ctx.Process(target=_writer, args=(url, driver.now, seconds, 7, out))
     writer.start()
-    cycles = []
+    cycles: list[float] = []
+    locked: list[float] = []
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         driver.now += 0.2
         started = time.perf_counter()
         report = store.schedule(now=driver.now)
         cycles.append((time.perf_counter() - started) * 1000)
+        locked.append(report.locked_ms)
         for job_id in report.admitted:
             st = store.status(job_id)
             if st.state == "admitted" and store.launchable(job_id):
@@ -321,6 +338,7 @@ def contention(url: str, store: Store, driver: Driver, seconds: float) -> dict[s
         "seconds": seconds,
         "cycles": len(cycles),
         "cycle_ms": stats(cycles),
+        "cycle_locked_ms": stats(locked),
         "lock_wait_ms": stats(waits),
         "finish_ms": stats(result["call_ms"]["finish"]),
         "submit_ms": stats(result["call_ms"]["submit"]),
@@ -338,6 +356,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rebuild-runs", type=int, default=5, help="cycles rebuilding each time (5)")
     p.add_argument("--contention-s", type=float, default=20.0, help="seconds of contention (20)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--gc",
+        choices=("freeze", "on"),
+        default="freeze",
+        help="freeze: as the store does, its long-lived state frozen out of the collector's "
+        "scans once built; on: unfrozen, to measure what freezing buys",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "store.json")
     args = p.parse_args(argv)
     args.backend = [b.strip() for b in args.backend.split(",") if b.strip()]
@@ -397,6 +422,8 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
                     first = store.schedule(now=driver.now)  # builds the state in memory
                     build_ms = (time.perf_counter() - started) * 1000
                     driver.after_cycle(first.admitted, first.preempted)
+                    if args.gc == "on":  # the store froze its state (gc.freeze): undo that
+                        gc.unfreeze()
                     entry: dict[str, Any] = {
                         "backend": backend,
                         "pending": pending,
@@ -423,6 +450,9 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
                             "median_ms": round(ms["median"], 2),
                             "p99_ms": round(ms["p99"], 2),
                             "ms": ms,
+                            "locked_ms": stats([t["locked_ms"] for t in timed]),
+                            "gc_ms": stats([t["gc_ms"] for t in timed]),
+                            "cycles_with_full_collection": sum(t["gc_full"] for t in timed),
                             "admitted_per_cycle": stats([t["admitted"] for t in timed]),
                             "decided_again": sum(t["tries"] > 1 for t in timed),
                             "target_p99_ms": target,
@@ -447,6 +477,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
             "rebuild_runs": args.rebuild_runs,
             "contention_s": args.contention_s,
             "seed": args.seed,
+            "gc": args.gc,
         },
         "machine": {
             **machine(),

@@ -8,6 +8,7 @@ a process that dies mid-cycle, holding the store's lock.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -20,6 +21,7 @@ from berth.store.loop import SchedulingLoop
 
 
 def main(url: str, ttl_s: float, folder: Path) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     real = store_module.commit
     me = os.getpid()
 

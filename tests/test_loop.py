@@ -112,13 +112,20 @@ def test_one_loop_leads_the_other_stands_by_and_a_stale_leader_cannot_write(
 
 
 def _loop_process(url: str, ttl_s: float, folder: Path) -> subprocess.Popen:
+    """A loop process; its log goes to `folder/loop-<n>.log` (a pipe nobody reads would
+    block it once full)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
+    out = (folder / f"loop-{len(list(folder.glob('loop-*.log')))}.log").open("w")
     return subprocess.Popen(
         [sys.executable, str(HERE / "loop_process.py"), url, str(ttl_s), str(folder)],
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=out,
         stderr=subprocess.STDOUT,
     )
+
+
+def _logs(folder: Path) -> str:
+    return "\n".join(f"{p.name}:\n{p.read_text()[-3000:]}" for p in sorted(folder.glob("*.log")))
 
 
 def check_failover(url: str, folder: Path, jobs: int = 40, ttl_s: float = 3.0) -> float:
@@ -146,19 +153,25 @@ def check_failover(url: str, folder: Path, jobs: int = 40, ttl_s: float = 3.0) -
         for _ in range(20):
             work()
         (folder / f"slow-{first.pid}").write_text("")
-        # wakes the leader: its cycle stops in the commit, holding the store's lock
-        store.submit(spec_for(jobs // 2), job_id=job_id(jobs // 2))
+        # Wakes the leader: its next cycle stops in the commit, holding the store's lock. In
+        # a thread: a cycle already under way may stop there first, and the submission then
+        # waits for the lock until the leader is killed.
+        waking = threading.Thread(
+            target=store.submit, args=(spec_for(jobs // 2),), kwargs={"job_id": job_id(jobs // 2)}
+        )
+        waking.start()
         _until(lambda: (folder / f"in-commit-{first.pid}").exists())
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         killed = time.monotonic()
+        waking.join(timeout=60)  # it commits once the dead leader's lock is gone
         for i in range(jobs // 2 + 1, jobs):
             store.submit(spec_for(i), job_id=job_id(i))
         _until(lambda: lease.holder_now() == f"loop-{second.pid}", timeout=ttl_s + 10)
         takeover = time.monotonic() - killed
         deadline = time.monotonic() + 180
         while store.jobs(states=LIVE):
-            assert time.monotonic() < deadline, [s.state for s in store.jobs(states=LIVE)]
+            assert time.monotonic() < deadline, _logs(folder)
             work()
             time.sleep(0.02)
         final = store.jobs()
