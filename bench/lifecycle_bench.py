@@ -93,6 +93,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="an extra AIRFLOW__* variable for every Airflow component (repeatable)",
     )
+    p.add_argument(
+        "--no-loop",
+        action="store_true",
+        help="without `berth scheduler` (scripts/airflow.sh runs one): the run tasks and the "
+        "triggerer's poller run the cycles, as before the scheduling loop",
+    )
     p.add_argument("--timeout-s", type=float, default=240, help="limit per waiting step (240)")
     p.add_argument("--out", type=Path, default=RESULTS / "lifecycle.json")
     args = p.parse_args(argv)
@@ -126,7 +132,11 @@ def epoch(iso: str | None) -> float | None:
 class Standalone:
     """`airflow standalone` in its own process group, set up as scripts/airflow.sh does."""
 
-    def __init__(self, root: Path, overrides: dict[str, str], dags: Path) -> None:
+    def __init__(
+        self, root: Path, overrides: dict[str, str], dags: Path, loop: bool = True
+    ) -> None:
+        self.loop = loop
+        self.loop_proc: subprocess.Popen[bytes] | None = None
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -172,6 +182,17 @@ class Standalone:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # one process group to stop, whatever it spawned
             )
+        if self.loop:  # Berth's scheduling loop, as scripts/airflow.sh runs it
+            with open(self.berth_home.parent / "scheduler.log", "wb") as out:
+                self.loop_proc = subprocess.Popen(
+                    [str(VENV_BIN / "berth"), "scheduler"],
+                    env=self.env,
+                    cwd=self.berth_home.parent,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         wait_for("Airflow's API and DAG berth_job", self._ready, timeout_s, every_s=1.0)
         subprocess.run(
             [
@@ -221,6 +242,9 @@ class Standalone:
         return r.json()
 
     def stop(self) -> None:
+        if self.loop_proc is not None and self.loop_proc.poll() is None:
+            self.loop_proc.terminate()
+            self.loop_proc.wait(timeout=30)
         if self.proc is None or self.proc.poll() is not None:
             return
         os.killpg(self.proc.pid, signal.SIGTERM)
@@ -481,7 +505,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
     overrides = dict(item.split("=", 1) for item in args.airflow_env)
     with tempfile.TemporaryDirectory(prefix="berth-lifecycle-") as tmp:
         root = Path(tmp)
-        af = Standalone(root, overrides, dags_folder(root, args.poll_s))
+        af = Standalone(root, overrides, dags_folder(root, args.poll_s), loop=not args.no_loop)
         store = BerthSettings.from_env(af.env).store()
         rounds: list[dict[str, Any]] = []
         try:
@@ -523,6 +547,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
             "warmup_runs": args.warmup_runs,
             "airflow_env_overrides": overrides,
             "poll_s_override": args.poll_s,
+            "scheduling_loop": not args.no_loop,
             "shipped": shipped_settings(),
             "startup_s": round(startup_s, 1),
             "jobs": "2 replicas x 2 GPUs each; A vision, B language, C vision waiting",

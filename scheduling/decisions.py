@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -118,6 +119,23 @@ class CycleResult:
         if not self.fixed_point:
             return False
         return (job.team, job.shape) in self.by_shape or job.team in self.tail
+
+    def reasons(self, queued: Iterable[Pending]) -> Iterator[tuple[Pending, PendingReason]]:
+        """`reason_for` of many jobs at once (the ones admitted or held left out): a pass over
+        a whole queue, with the decided jobs looked up once, not per job."""
+        decided = {a.job.id for a in self.admitted}
+        decided.update(h.job.id for h in self.holds)
+        explicit, by_shape, tail = self.pending, self.by_shape, self.tail
+        for p in queued:
+            job = p.job
+            reason = explicit.get(job.id)
+            if reason is None:
+                if job.id in decided:
+                    continue
+                reason = by_shape.get((job.team, p.klass)) or tail.get(job.team)
+                if reason is None:
+                    continue
+            yield p, reason
 
     def reason_for(self, pending: Pending) -> PendingReason | None:
         """Why a queued job is still pending after this cycle; None if it was admitted or held.

@@ -152,3 +152,35 @@ def test_easy_backfill_bench_tiny(tmp_path: Path) -> None:
         for pol in ("berth", "berth-no-easy"):
             assert case[pol]["avg_jct_s"] > 0 and case[pol]["timed_out"] == 0
     assert set(report["summary"]) == {"tuning", "held-out"}
+
+
+def test_store_bench_tiny(tmp_path: Path) -> None:
+    """Both backends (CI has PostgreSQL), both queue sizes, every mode; the JSON it promises."""
+    out = tmp_path / "store.json"
+    report = load("store_bench").main(
+        ["--nodes", "30", "--pending", "20,100", "--runs", "3", "--warmup-runs", "1",
+         "--rebuild-runs", "2", "--contention-s", "1", "--out", str(out)],
+        console=quiet(),
+    )  # fmt: skip
+    assert json.loads(out.read_text()) == report
+    assert report["benchmark"] == "store"
+    seen = [(r["backend"], r["pending"], r["mode"]) for r in report["results"]]
+    assert seen == [
+        (b, n, m)
+        for n in (100, 20)
+        for b in ("sqlite", "postgres")
+        for m in ("cycles", "rebuild", "contention")
+    ]
+    for r in report["results"]:
+        assert r["running"] > 0 and r["build_ms"] > 0
+        if r["mode"] == "contention":
+            c = r["contention"]
+            assert c["cycles"] >= 1
+            assert_stats(c["lock_wait_ms"], ("min", "median", "p99", "max"))
+            assert_stats(c["submit_ms"], ("min", "median", "p99", "max"))
+        else:
+            res = r["result"]
+            assert res["runs"] == (3 if r["mode"] == "cycles" else 2)
+            assert res["median_ms"] <= res["p99_ms"]
+            assert_stats(res["locked_ms"], ("min", "median", "p99", "max"))
+            assert res["decided_again"] == 0  # nobody else writes in these modes

@@ -38,7 +38,7 @@ from berth.store.schema import (
 )
 from berth.store.views import CycleReport, StoreError
 from scheduling.cycle import schedule
-from scheduling.decisions import CycleResult, PendingReason
+from scheduling.decisions import CycleResult
 
 _EXPLAINED = ("reason_code", "reason_message", "reason_level", "reason_resource")
 _B_EXPLAINED = tuple(f"b_{k}" for k in _EXPLAINED)  # bind names differ from column names
@@ -190,14 +190,21 @@ def explain(mirror: Mirror, result: CycleResult) -> Explained:
     out before the lock is taken (a pass over the whole queue), written under it."""
     out = Explained()
     rows = mirror.rows
-    for job_id, pending in mirror.state.pending.items():
-        reason: PendingReason | None = result.reason_for(pending)
-        if reason is None:  # admitted by this cycle
-            continue
-        out.waiting[job_id] = code = str(reason.code)
+    columns: dict[int, tuple] = {}  # a class's jobs share one reason: its columns made once
+    for pending, reason in result.reasons(mirror.state.pending.values()):
+        values = columns.get(id(reason))
+        if values is None:
+            values = (str(reason.code), reason.message, reason.level, reason.resource)
+            columns[id(reason)] = values
+        job_id = pending.job.id
+        out.waiting[job_id] = values[0]
         row = rows[job_id]
-        values = (code, reason.message, reason.level, reason.resource)
-        if values != tuple(row[k] for k in _EXPLAINED):
+        if (
+            row["reason_code"] != values[0]
+            or row["reason_message"] != values[1]
+            or row["reason_level"] != values[2]
+            or row["reason_resource"] != values[3]
+        ):
             out.changed[job_id] = values
     return out
 
