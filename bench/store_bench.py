@@ -8,7 +8,8 @@ PostgreSQL; a submit or a job end waits at most 20 ms (p99) for the lock while c
 The state: `bench.cycle_bench`'s warm-up (a coarse simulation until `--pending` jobs wait), then
 written into a fresh store database in bulk, as the cycles that made it would have written it:
 running jobs with their placements and attempts, queued ones in their queue order (preempted
-ones with the attempt that ended). Then, per backend and queue size:
+ones with the attempt that ended). Then, per backend, queue size and mode, each in a process
+forked from the warmed-up one (the same starting state; a heap of its own, as a loop has):
 
 - `cycles`: `--runs` timed cycles (after `--warmup-runs`), each after one random running job
   ended and new jobs replaced the ones admitted (so the queue stays at `--pending`); admitted
@@ -55,7 +56,7 @@ from scheduling.jobs import Job
 from scheduling.policy import BERTH
 
 BACKENDS = ("sqlite", "postgres")
-TARGETS_MS = {100: 30.0, 10_000: 100.0}  # p99 of a cycle, by queue size
+TARGETS_MS = {"100": 30.0, "10000": 100.0}  # p99 of a cycle, by queue size (JSON keys)
 LOCK_TARGET_MS = 20.0
 
 
@@ -346,6 +347,94 @@ def contention(url: str, store: Store, driver: Driver, seconds: float) -> dict[s
     }
 
 
+def measure(
+    backend: str,
+    pending: int,
+    mode: str,
+    bed: Bed,
+    args: argparse.Namespace,
+    tmp: Path,
+    server: Any,
+    log: Callable[..., None],
+) -> dict[str, Any]:
+    """One backend, queue size and mode, on a fresh database (see the module docstring)."""
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp}/{pending}-{mode}.db"
+    else:
+        assert server is not None
+        url = server.new_database()
+    started = time.perf_counter()
+    populate(url, bed)
+    populate_s = time.perf_counter() - started
+    store = Store(url, bed.state.cluster, bed.state.teams, BERTH)
+    driver = Driver(store, bed, pending, args.seed)
+    started = time.perf_counter()
+    first = store.schedule(now=driver.now)  # builds the state in memory
+    build_ms = (time.perf_counter() - started) * 1000
+    driver.after_cycle(first.admitted, first.preempted)
+    if args.gc == "on":  # the store froze its state (gc.freeze): undo that
+        gc.unfreeze()
+    entry: dict[str, Any] = {
+        "backend": backend,
+        "pending": pending,
+        "mode": mode,
+        "running": len(bed.state.running),
+        "gpu_busy": round(bed.busy, 4),
+        "populate_s": round(populate_s, 2),
+        "build_ms": round(build_ms, 1),
+    }
+    if mode == "contention":
+        entry["contention"] = contention(url, store, driver, args.contention_s)
+        waits = entry["contention"]["lock_wait_ms"]
+        log(
+            f"{backend}/{pending}/contention: lock wait median {waits['median']:.1f} ms, "
+            f"p99 {waits['p99']:.1f}"
+        )
+    else:
+        runs = args.runs if mode == "cycles" else args.rebuild_runs
+        timed = time_cycles(store, driver, runs, args.warmup_runs, rebuild=mode == "rebuild")
+        ms = stats([t["ms"] for t in timed])
+        target = TARGETS_MS.get(str(pending))
+        entry["result"] = {
+            "runs": len(timed),
+            "median_ms": round(ms["median"], 2),
+            "p99_ms": round(ms["p99"], 2),
+            "ms": ms,
+            "locked_ms": stats([t["locked_ms"] for t in timed]),
+            "gc_ms": stats([t["gc_ms"] for t in timed]),
+            "cycles_with_full_collection": sum(t["gc_full"] for t in timed),
+            "admitted_per_cycle": stats([t["admitted"] for t in timed]),
+            "decided_again": sum(t["tries"] > 1 for t in timed),
+            "target_p99_ms": target,
+            "meets_target": None if target is None else ms["p99"] <= target,
+        }
+        log(f"{backend}/{pending}/{mode}: median {ms['median']:.1f} ms, p99 {ms['p99']:.1f}")
+    store.close()
+    return entry
+
+
+def _isolated(fn: Callable[..., dict[str, Any]], *fn_args: Any) -> dict[str, Any]:
+    """fn(*fn_args) in a forked process: each measurement starts from the same warmed-up
+    state, with a heap and a collector of its own, as a scheduling loop's process has (a
+    store frozen and dropped by an earlier measurement would otherwise weigh on later ones)."""
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+
+    def child() -> None:
+        try:
+            out.put(("ok", fn(*fn_args)))
+        except BaseException as e:
+            out.put(("error", f"{type(e).__name__}: {e}"))
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    status, value = out.get()
+    proc.join(timeout=60)
+    if status != "ok":
+        raise RuntimeError(f"measurement failed in its process: {value}")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default=",".join(BACKENDS), help="sqlite,postgres")
@@ -408,61 +497,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
             ]
             for backend in args.backend:
                 for mode in ("cycles", "rebuild", "contention"):
-                    if backend == "sqlite":
-                        url = f"sqlite:///{tmp}/{pending}-{mode}.db"
-                    else:
-                        assert server is not None
-                        url = server.new_database()
-                    started = time.perf_counter()
-                    populate(url, bed)
-                    populate_s = time.perf_counter() - started
-                    store = Store(url, bed.state.cluster, bed.state.teams, BERTH)
-                    driver = Driver(store, bed, pending, args.seed)
-                    started = time.perf_counter()
-                    first = store.schedule(now=driver.now)  # builds the state in memory
-                    build_ms = (time.perf_counter() - started) * 1000
-                    driver.after_cycle(first.admitted, first.preempted)
-                    if args.gc == "on":  # the store froze its state (gc.freeze): undo that
-                        gc.unfreeze()
-                    entry: dict[str, Any] = {
-                        "backend": backend,
-                        "pending": pending,
-                        "mode": mode,
-                        "running": len(bed.state.running),
-                        "gpu_busy": round(bed.busy, 4),
-                        "populate_s": round(populate_s, 2),
-                        "build_ms": round(build_ms, 1),
-                    }
-                    if mode == "contention":
-                        entry["contention"] = contention(url, store, driver, args.contention_s)
-                        log(
-                            f"{backend}/{pending}/contention: {entry['contention']['lock_wait_ms']}"
-                        )
-                    else:
-                        runs = args.runs if mode == "cycles" else args.rebuild_runs
-                        timed = time_cycles(
-                            store, driver, runs, args.warmup_runs, rebuild=mode == "rebuild"
-                        )
-                        ms = stats([t["ms"] for t in timed])
-                        target = TARGETS_MS.get(pending)
-                        entry["result"] = {
-                            "runs": len(timed),
-                            "median_ms": round(ms["median"], 2),
-                            "p99_ms": round(ms["p99"], 2),
-                            "ms": ms,
-                            "locked_ms": stats([t["locked_ms"] for t in timed]),
-                            "gc_ms": stats([t["gc_ms"] for t in timed]),
-                            "cycles_with_full_collection": sum(t["gc_full"] for t in timed),
-                            "admitted_per_cycle": stats([t["admitted"] for t in timed]),
-                            "decided_again": sum(t["tries"] > 1 for t in timed),
-                            "target_p99_ms": target,
-                            "meets_target": None if target is None else ms["p99"] <= target,
-                        }
-                        log(
-                            f"{backend}/{pending}/{mode}: median {ms['median']:.1f} ms, "
-                            f"p99 {ms['p99']:.1f}"
-                        )
-                    store.close()
+                    entry = _isolated(measure, backend, pending, mode, bed, args, tmp, server, log)
                     results.append(entry)
         del bed
         gc.collect()

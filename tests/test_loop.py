@@ -22,6 +22,7 @@ from store_workload import LIVE, _step, audit, ceilings, job_id, open_store, spe
 from berth.store import JobStateError
 from berth.store.lease import Lease, LeaseLost
 from berth.store.loop import SchedulingLoop
+from berth.store.mirror import MirrorDiverged
 from berth.store.wakeup import listen
 
 HERE = Path(__file__).resolve().parent
@@ -193,3 +194,38 @@ def test_a_standby_loop_takes_over_when_the_leader_dies_mid_cycle_sqlite(
     takeover = check_failover(loop_url, tmp_path)
     print(f"standby took over {takeover:.2f} s after the kill")
     assert takeover <= 3.0 + 2.0  # the lease's ttl, then the standby's next claim
+
+
+def test_the_loop_checks_its_state_against_a_rebuild_as_it_goes(loop_url: str) -> None:
+    store = open_store(loop_url)
+    loop = SchedulingLoop(open_store(loop_url), check_s=0.05, self_check_every_s=0.0)
+    try:
+        with running(loop):
+            for i in range(12):
+                store.submit(spec_for(i), job_id=job_id(i))
+            _until(lambda: loop.stats.cycles >= 3 and loop.stats.self_checks >= 3)
+            for st in store.jobs(states=["admitted"]):
+                if store.launchable(st.id):
+                    store.mark_started(st.id, st.attempt)
+            for st in store.jobs(states=["running"])[:3]:
+                store.finish(st.id, "succeeded", attempt=st.attempt)
+            checks = loop.stats.self_checks
+            _until(lambda: loop.stats.self_checks >= checks + 3)
+        assert loop.stats.errors == 0
+    finally:
+        store.close()
+
+
+def test_a_loop_whose_state_drifted_stops_with_the_difference(loop_url: str) -> None:
+    store = open_store(loop_url)
+    loop = SchedulingLoop(open_store(loop_url), check_s=0.05, self_check_every_s=3600.0)
+    try:
+        store.submit(spec_for(0), job_id=job_id(0))
+        loop.run(max_cycles=1)  # leads, decides, hands the lease back
+        loop.store._mirror.state.capacity.free_cpu[0] -= 1000  # a bug that leaks a CPU
+        loop.self_check_every_s = 0.0
+        loop.stop.clear()
+        with pytest.raises(MirrorDiverged, match="free"):
+            loop.run()
+    finally:
+        store.close()
