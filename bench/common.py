@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -73,3 +75,17 @@ def console_for_tables() -> Console:
     """stdout; wide enough for the tables' columns when it is a file or a pipe."""
     console = Console()
     return console if console.is_terminal else Console(width=150)
+
+
+def write_report(
+    report: dict[str, Any],
+    out: Path,
+    console: Console,
+    table: Callable[[dict[str, Any]], RenderableType],
+) -> dict[str, Any]:
+    """Write a benchmark's JSON to `out`, print its table and where it went; returns it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    console.print(table(report))
+    console.print(f"wrote {out}")
+    return report

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import gc
 import heapq
-import json
 import math
 import os
 import random
@@ -40,7 +39,14 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a file
 
-from bench.common import RESULTS, code_version, console_for_tables, machine, reference_ms
+from bench.common import (
+    RESULTS,
+    code_version,
+    console_for_tables,
+    machine,
+    reference_ms,
+    write_report,
+)
 from scheduling.admission import check_job
 from scheduling.cluster import Cluster
 from scheduling.config import parse_cluster, parse_teams
@@ -528,11 +534,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
         "code": code_version(),
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    console.print(table(report))
-    console.print(f"wrote {args.out}")
-    return report
+    return write_report(report, args.out, console, table)
 
 
 def table(report: dict[str, Any]) -> Table:

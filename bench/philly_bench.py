@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -30,7 +29,15 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a file
 
-from bench.common import RESULTS, ROOT, code_version, console_for_tables, machine, reference_ms
+from bench.common import (
+    RESULTS,
+    ROOT,
+    code_version,
+    console_for_tables,
+    machine,
+    reference_ms,
+    write_report,
+)
 from scheduling.config import load_cluster, load_teams
 from scheduling.simulator.baselines import get_policy
 from scheduling.simulator.philly import import_philly
@@ -161,11 +168,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
         "load_s": round(load_s, 3),
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    console.print(table(report))
-    console.print(f"wrote {args.out}")
-    return report
+    return write_report(report, args.out, console, table)
 
 
 def table(report: dict[str, Any]) -> Table:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import multiprocessing
 import random
 import sys
@@ -46,7 +45,14 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a file
 
 import berth.store.store as store_module
-from bench.common import RESULTS, code_version, console_for_tables, machine, reference_ms
+from bench.common import (
+    RESULTS,
+    code_version,
+    console_for_tables,
+    machine,
+    reference_ms,
+    write_report,
+)
 from bench.cycle_bench import Bed, GcWatch, stats, warm_up
 from berth.spec import JobSpec
 from berth.store import Store
@@ -522,11 +528,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
         "code": code_version(),
         "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    console.print(table(report))
-    console.print(f"wrote {args.out}")
-    return report
+    return write_report(report, args.out, console, table)
 
 
 def table(report: dict[str, Any]) -> Table:

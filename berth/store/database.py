@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import Connection, Engine, create_engine, event, inspect, select, update
+from sqlalchemy import Column, Connection, Engine, create_engine, event, inspect, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -116,14 +116,18 @@ def bump_version(conn: Connection) -> int:
     """The version this locked transaction makes: the engine row's, plus one, taken once."""
     version = conn.info.get(_VERSION)
     if version is None:
-        version = conn.execute(
-            update(engine_row)
-            .where(engine_row.c.id == 1)
-            .values(version=engine_row.c.version + 1)
-            .returning(engine_row.c.version)
-        ).scalar_one()
-        conn.info[_VERSION] = version
+        version = conn.info[_VERSION] = increment(conn, engine_row.c.version)
     return version
+
+
+def increment(conn: Connection, counter: Column[int]) -> int:
+    """Add one to a counter of the engine row (under the lock); returns its new value."""
+    return conn.execute(
+        update(engine_row)
+        .where(engine_row.c.id == 1)
+        .values({counter.name: counter + 1})
+        .returning(counter)
+    ).scalar_one()
 
 
 @contextmanager

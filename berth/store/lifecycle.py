@@ -13,6 +13,7 @@ from sqlalchemy import ColumnElement, Connection, func, select, update
 
 from berth.spec import JobSpec
 from berth.store.audit import emit
+from berth.store.database import increment
 from berth.store.schema import (
     CANCELLED,
     FAILED,
@@ -235,13 +236,7 @@ def cancel_queued(conn: Connection, row: Mapping[str, Any], message: str, now: f
 
 def _take_seq(conn: Connection) -> int:
     """The next place in the queue order shared by all teams (the fifo policy merges them)."""
-    taken = conn.execute(
-        update(engine_row)
-        .where(engine_row.c.id == 1)
-        .values(next_seq=engine_row.c.next_seq + 1)
-        .returning(engine_row.c.next_seq)
-    ).scalar_one()
-    return taken - 1
+    return increment(conn, engine_row.c.next_seq) - 1
 
 
 def _attempt_row(conn: Connection, job_id: str, number: int, **values: Any) -> None:
