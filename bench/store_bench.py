@@ -239,7 +239,7 @@ def time_cycles(
         for i in range(warmup_runs + runs):
             driver.between_cycles()
             if rebuild:
-                store._mirror = None
+                store.runner.forget()
             watch.reset()
             started = time.perf_counter()
             report = store.schedule(now=driver.now)

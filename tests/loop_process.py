@@ -16,13 +16,13 @@ from pathlib import Path
 
 from store_workload import open_store
 
-import berth.store.store as store_module
+import berth.store.runner as runner_module
 from berth.store.loop import SchedulingLoop
 
 
 def main(url: str, ttl_s: float, folder: Path) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    real = store_module.commit
+    real = runner_module.commit
     me = os.getpid()
 
     def commit(*args, **kwargs):
@@ -31,7 +31,7 @@ def main(url: str, ttl_s: float, folder: Path) -> None:
             time.sleep(300)  # killed here, its transaction open
         return real(*args, **kwargs)
 
-    store_module.commit = commit
+    runner_module.commit = commit
     loop = SchedulingLoop(open_store(url), ttl_s=ttl_s, check_s=0.2, holder=f"loop-{me}")
     loop.run()
 

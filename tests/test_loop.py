@@ -40,14 +40,15 @@ def test_a_committed_change_wakes_a_listener_and_a_burst_wakes_it_once(loop_url:
         assert not listener.wait(0.2)  # nothing happened
         store.submit(spec_for(0), job_id=job_id(0))
         assert listener.wait(5.0)
-        for i in range(1, 6):  # a burst
+        for i in range(1, 6):  # a burst of five commits
             store.submit(spec_for(i), job_id=job_id(i))
-        assert listener.wait(5.0)
-        time.sleep(0.2)  # anything still in flight arrives and is drained next
-        listener.wait(0.0)
-        assert not listener.wait(0.2)  # the burst was one wake-up (or two), not six
+        time.sleep(0.2)  # PostgreSQL delivers its notifications a moment after the commits
+        wakes = 0
+        while listener.wait(0.5):
+            wakes += 1
+        assert 1 <= wakes <= 2, wakes  # drained together, not one wake-up per commit
         store.heartbeat(job_id(0))  # no change the engine sees: no wake-up
-        assert not listener.wait(0.2)
+        assert not listener.wait(0.3)
     finally:
         listener.close()
         store.close()
@@ -80,8 +81,7 @@ def test_the_loop_admits_a_submission_when_woken_not_by_polling(loop_url: str) -
     loop = SchedulingLoop(open_store(loop_url), check_s=60.0, ttl_s=120.0)
     try:
         with running(loop):
-            _until(lambda: loop.leader)
-            time.sleep(0.3)  # past its first cycle: asleep now
+            _until(lambda: loop.stats.cycles >= 1)  # its first cycle, then asleep
             before = loop.stats.cycles
             store.submit(spec_for(0), job_id=job_id(0))
             _until(lambda: store.status(job_id(0)).state == "admitted", timeout=20.0)
@@ -127,6 +127,12 @@ def _loop_process(url: str, ttl_s: float, folder: Path) -> subprocess.Popen:
 
 def _logs(folder: Path) -> str:
     return "\n".join(f"{p.name}:\n{p.read_text()[-3000:]}" for p in sorted(folder.glob("*.log")))
+
+
+# The leader renewed its 3 s lease at most 1 s (ttl / 3) before it was killed; a standby tries
+# to claim every 1 s: it holds the lease at most 3 + 1 s after the kill. 1 s more for a busy
+# machine (the loop processes share two cores with the test and the database).
+TAKEOVER_BOUND_S = 3.0 + 1.0 + 1.0
 
 
 def check_failover(url: str, folder: Path, jobs: int = 40, ttl_s: float = 3.0) -> float:
@@ -193,7 +199,7 @@ def test_a_standby_loop_takes_over_when_the_leader_dies_mid_cycle_sqlite(
 ) -> None:
     takeover = check_failover(loop_url, tmp_path)
     print(f"standby took over {takeover:.2f} s after the kill")
-    assert takeover <= 3.0 + 2.0  # the lease's ttl, then the standby's next claim
+    assert takeover <= TAKEOVER_BOUND_S
 
 
 def test_the_loop_checks_its_state_against_a_rebuild_as_it_goes(loop_url: str) -> None:
@@ -222,7 +228,7 @@ def test_a_loop_whose_state_drifted_stops_with_the_difference(loop_url: str) -> 
     try:
         store.submit(spec_for(0), job_id=job_id(0))
         loop.run(max_cycles=1)  # leads, decides, hands the lease back
-        loop.store._mirror.state.capacity.free_cpu[0] -= 1000  # a bug that leaks a CPU
+        loop.store.runner.mirror.state.capacity.free_cpu[0] -= 1000  # a bug that leaks a CPU
         loop.self_check_every_s = 0.0
         loop.stop.clear()
         with pytest.raises(MirrorDiverged, match="free"):

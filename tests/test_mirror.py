@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 from test_store import FAST, spec
 
-import berth.store.store as store_module
+import berth.store.runner as runner_module
 from berth.store import ClusterView, Store
 from berth.store.mirror import Mirror, MirrorDiverged
 from scheduling.cluster import Cluster
@@ -161,7 +161,7 @@ def test_the_self_check_fails_on_a_state_that_drifted(tmp_path: Path) -> None:
         s.submit(spec("a1", gpus=2), job_id="a1", now=0)
         s.schedule(now=1)
         s.self_check()
-        s._mirror.state.capacity.free[0] = 0  # a bug that forgets to give GPUs back
+        s.runner.mirror.state.capacity.free[0] = 0  # a bug that forgets to give GPUs back
         with pytest.raises(MirrorDiverged, match="free"):
             s.self_check()
 
@@ -169,7 +169,7 @@ def test_the_self_check_fails_on_a_state_that_drifted(tmp_path: Path) -> None:
 def _hook_decide(monkeypatch, hook: Callable[[], None]) -> list[int]:
     """Run `hook` once, right after the first decision (between deciding and the lock)."""
     calls: list[int] = []
-    real = store_module.decide
+    real = runner_module.decide
 
     def decide(mirror: Mirror, now: float):
         result = real(mirror, now)
@@ -178,7 +178,7 @@ def _hook_decide(monkeypatch, hook: Callable[[], None]) -> list[int]:
             hook()
         return result
 
-    monkeypatch.setattr(store_module, "decide", decide)
+    monkeypatch.setattr(runner_module, "decide", decide)
     return calls
 
 
@@ -227,18 +227,18 @@ def test_a_gap_in_the_versions_or_a_cycle_elsewhere_builds_the_state_again(
         s.schedule(now=1)
         s.submit(spec("a2", gpus=4), job_id="a2", now=2)
         s.schedule(now=3)
-        assert s.builds == 1  # caught up from the events since
+        assert s.runner.builds == 1  # caught up from the events since
         with s.engine.begin() as conn:  # a write that logged nothing
             conn.execute(text("UPDATE engine SET version = version + 1"))
         s.submit(spec("a3", gpus=4), job_id="a3", now=4)
         assert s.schedule(now=5).admitted == ("a3",)
-        assert s.builds == 2
+        assert s.runner.builds == 2
         other.submit(spec("b1", team="b", gpus=4), job_id="b1", now=6)
         other.schedule(now=7)  # a cycle run by another process
         s.submit(spec("b2", team="b", gpus=4), job_id="b2", now=8)
         assert other.status("b1").state == "admitted" and other.events("b1")[-1].type == "admit"
         report = s.schedule(now=9)  # sees b1 admitted, its victim stopping
-        assert s.builds == 3 and report.admitted == ()
+        assert s.runner.builds == 3 and report.admitted == ()
         assert s.status("b2").reason_code == "quota"  # b1 and b2 are more than b's nominal
         s.self_check()
         assert sum(u.gpus for u in s.usage().values()) <= 12

@@ -1,6 +1,6 @@
 """One scheduling cycle on the in-memory state: decide outside the lock, commit under it.
 
-A cycle (Store.schedule):
+A cycle (Store.schedule, runner.py):
   1. catch up  the Mirror reads what was committed since its version (mirror.py)
   2. decide    cycle.schedule(snapshot, policy): pure, the same code the simulator runs; no lock
   3. commit    under the lock: read what was committed meanwhile (`news`); if it touches a job

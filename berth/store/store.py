@@ -29,24 +29,21 @@ Partial-gang policies (`quota-spread`) are simulator-only and refused here.
 
 from __future__ import annotations
 
-import gc
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, func, select, update
 
 from berth.spec import JobSpec, check_spec
 from berth.store import lifecycle
-from berth.store.apply import commit, conflicts, decide, explain
 from berth.store.audit import read_events
-from berth.store.database import connect, create_schema, locked, reading, snapshot
+from berth.store.database import connect, create_schema, locked, reading
 from berth.store.lease import Lease
-from berth.store.mirror import GapError, Mirror, News
 from berth.store.positions import queue_positions
+from berth.store.runner import CycleRunner
 from berth.store.schema import (
     ADMITTED,
     CANCELLED,
@@ -59,7 +56,6 @@ from berth.store.schema import (
     RUNNING,
     STATES,
     TERMINAL,
-    engine_row,
     events,
     jobs,
 )
@@ -80,9 +76,6 @@ from scheduling.quota import Team
 from scheduling.resources import Resources
 
 DEFAULT_LEASE_S = 300.0  # a worker silent this long is presumed dead (reap)
-# Cycles decided outside the lock that found a job they decided about changed meanwhile are
-# decided again; after this many, the next is decided under the lock, so a cycle always ends.
-OPTIMISTIC_TRIES = 2
 
 
 @dataclass(frozen=True)
@@ -131,9 +124,7 @@ class Store:
             )
         self.engine = connect(url, busy_timeout_s)
         create_schema(self.engine)
-        self._mirror: Mirror | None = None
-        self._cycle = threading.Lock()  # one cycle at a time per Store: the mirror is shared
-        self.builds = 0  # full builds of the mirror (at start, on a gap, a cluster change)
+        self.runner = CycleRunner(self.engine, teams, self.policy, live=live is not None)
 
     @property
     def cluster(self) -> Cluster:
@@ -191,54 +182,18 @@ class Store:
         return self.status(job_id)  # its queue position is read outside the lock
 
     def schedule(self, now: float | None = None, *, lease: Lease | None = None) -> CycleReport:
-        """Run one scheduling cycle and write its decisions (apply.py); with a `lease` (the
-        scheduling loop's), only while it is held (LeaseLost otherwise)."""
-        now = _now(now)
-        started = time.perf_counter()
-        view = self._view()
-        with self._cycle:
-            for tries in range(OPTIMISTIC_TRIES + 1):
-                mirror = self._caught_up(view)
-                result = explained = None
-                if tries < OPTIMISTIC_TRIES:
-                    result = decide(mirror, now)
-                    explained = explain(mirror, result)
-                asked = time.perf_counter()
-                with locked(self.engine) as conn:
-                    if lease is not None:
-                        lease.check(conn)
-                    try:
-                        news = mirror.news(conn)
-                    except GapError:
-                        if result is not None:
-                            self._mirror = None
-                            continue
-                        mirror = self._build(conn, view)  # under the lock: it cannot move
-                        news = mirror.news(conn)
-                    if result is None or explained is None:  # the last try: under the lock
-                        mirror.absorb(news)
-                        news = News.none(mirror)
-                        result = decide(mirror, now)
-                        explained = explain(mirror, result)
-                    elif conflicts(mirror, news, result):
-                        mirror.absorb(news)
-                        continue
-                    try:
-                        report = commit(conn, mirror, news, result, explained, started, tries + 1)
-                    except BaseException:
-                        self._mirror = None  # half applied: build it again next time
-                        raise
-                # from asking for the lock to the commit's end: what others may wait for
-                return replace(report, locked_ms=(time.perf_counter() - asked) * 1000.0)
-        raise AssertionError("unreachable: the last try decides under the lock")
+        """Run one scheduling cycle and write its decisions (runner.py, apply.py); with a
+        `lease` (the scheduling loop's), only while it is held (LeaseLost otherwise)."""
+        return self.runner.schedule(self._view(), _now(now), lease)
 
     def changed(self) -> bool:
         """Whether anything was committed since this Store's last cycle (or it has none)."""
-        if self._mirror is None:
-            return True
-        with reading(self.engine) as conn:
-            version = conn.execute(select(engine_row.c.version)).scalar_one()
-        return version != self._mirror.version
+        return self.runner.changed()
+
+    def self_check(self) -> None:
+        """Compare the in-memory state with one built afresh from the tables; raises
+        MirrorDiverged naming what differs. For tests and a periodic check in the loop."""
+        self.runner.self_check(self._view())
 
     def decided(self, job_id: str, timeout_s: float) -> JobStatus:
         """The job's status once a cycle has decided about it (admitted, or queued with a
@@ -259,61 +214,6 @@ class Store:
     def loop_holder(self) -> str | None:
         """The scheduling loop that leads now (lease.py), or None: then callers run cycles."""
         return Lease(self.engine).holder_now()
-
-    def self_check(self) -> None:
-        """Compare the in-memory state with one built afresh from the tables; raises
-        MirrorDiverged naming what differs. For tests and a periodic check in the loop."""
-        view = self._view()
-        with self._cycle:
-            mirror = self._caught_up(view)
-            with snapshot(self.engine) as conn:
-                try:
-                    mirror.absorb(mirror.news(conn))
-                except GapError:  # a cycle ran elsewhere: nothing to compare, build it again
-                    self._mirror = None
-                    return
-                fresh = Mirror.load(
-                    conn,
-                    view.cluster,
-                    self.teams,
-                    self.policy,
-                    held=view.held,
-                    live=self._live is not None,
-                )
-            mirror.check_against(fresh)
-
-    def _caught_up(self, view: ClusterView) -> Mirror:
-        """The mirror of this cluster view, caught up to the last commit (built if needed)."""
-        mirror = self._mirror
-        if (
-            mirror is not None
-            and mirror.cluster is not view.cluster
-            and mirror.cluster != view.cluster
-        ):
-            mirror = None
-        with snapshot(self.engine) as conn:
-            if mirror is not None:
-                try:
-                    mirror.absorb(mirror.news(conn))
-                except GapError:
-                    mirror = None
-            if mirror is None:
-                mirror = self._build(conn, view)
-        mirror.set_held(view.held)
-        return mirror
-
-    def _build(self, conn: Connection, view: ClusterView) -> Mirror:
-        # The state lives as long as the process: out of the collector's way once built
-        # (gc.freeze), after letting it collect the last one (gc.unfreeze).
-        gc.unfreeze()
-        self._mirror = None
-        mirror = Mirror.load(
-            conn, view.cluster, self.teams, self.policy, held=view.held, live=self._live is not None
-        )
-        gc.freeze()
-        self._mirror = mirror
-        self.builds += 1
-        return mirror
 
     def mark_started(self, job_id: str, attempt: int, *, now: float | None = None) -> JobStatus:
         """The job's replicas were launched for `attempt`. Repeating it is harmless."""

@@ -1,0 +1,159 @@
+"""Cycles on the engine state kept in memory: catch up, decide, check and write (decision 0013).
+
+A `CycleRunner` is a Store's: it holds the Mirror (mirror.py) and runs one cycle at a time
+(the Mirror is shared by the Store's threads). A cycle:
+
+1. catches the Mirror up with what was committed since its version (a snapshot read, no lock),
+   or builds it (at start, on a gap, after a cycle run elsewhere, when the cluster changed);
+2. decides, and works out every waiting job's reason, with no lock (apply.decide, explain);
+3. under the store's lock: reads what was committed meanwhile; decides again if that touched a
+   job it decided about (`OPTIMISTIC_TRIES` times at most, then once more under the lock, so a
+   cycle always ends), else takes it in, checks and writes (apply.commit).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Connection, Engine, select
+
+from berth.store.apply import commit, conflicts, decide, explain
+from berth.store.database import locked, reading, snapshot
+from berth.store.lease import Lease
+from berth.store.mirror import GapError, Mirror, News
+from berth.store.schema import engine_row
+from berth.store.views import CycleReport
+from scheduling.policy import Policy
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from berth.store.store import ClusterView
+    from scheduling.quota import Team
+
+# Cycles decided outside the lock that found a job they decided about changed meanwhile are
+# decided again; after this many, the next is decided under the lock, so a cycle always ends.
+OPTIMISTIC_TRIES = 2
+
+
+class CycleRunner:
+    """See the module docstring."""
+
+    def __init__(
+        self, engine: Engine, teams: Mapping[str, Team], policy: Policy, *, live: bool
+    ) -> None:
+        self.engine = engine
+        self.teams = teams
+        self.policy = policy
+        self.live = live
+        self.mirror: Mirror | None = None
+        self.builds = 0  # full builds of the mirror (at start, on a gap, a cluster change)
+        self._one_at_a_time = threading.Lock()
+
+    def forget(self) -> None:
+        """Build the state again before the next cycle (what every cycle did before 0013)."""
+        self.mirror = None
+
+    def schedule(self, view: ClusterView, now: float, lease: Lease | None) -> CycleReport:
+        """One cycle on `view` at `now` (see the module docstring)."""
+        started = time.perf_counter()
+        with self._one_at_a_time:
+            for tries in range(OPTIMISTIC_TRIES + 1):
+                mirror = self._caught_up(view)
+                result = explained = None
+                if tries < OPTIMISTIC_TRIES:
+                    result = decide(mirror, now)
+                    explained = explain(mirror, result)
+                asked = time.perf_counter()
+                with locked(self.engine) as conn:
+                    if lease is not None:
+                        lease.check(conn)
+                    try:
+                        news = mirror.news(conn)
+                    except GapError:
+                        if result is not None:
+                            self.mirror = None
+                            continue
+                        mirror = self._build(conn, view)  # under the lock: it cannot move
+                        news = mirror.news(conn)
+                    if result is None or explained is None:  # the last try: under the lock
+                        mirror.absorb(news)
+                        news = News.none(mirror)
+                        result = decide(mirror, now)
+                        explained = explain(mirror, result)
+                    elif conflicts(mirror, news, result):
+                        mirror.absorb(news)
+                        continue
+                    try:
+                        report = commit(conn, mirror, news, result, explained, started, tries + 1)
+                    except BaseException:
+                        self.mirror = None  # half applied: build it again next time
+                        raise
+                # from asking for the lock to the commit's end: what others may wait for
+                return replace(report, locked_ms=(time.perf_counter() - asked) * 1000.0)
+        raise AssertionError("unreachable: the last try decides under the lock")
+
+    def changed(self) -> bool:
+        """Whether anything was committed since the last cycle (or there was none)."""
+        if self.mirror is None:
+            return True
+        with reading(self.engine) as conn:
+            version = conn.execute(select(engine_row.c.version)).scalar_one()
+        return version != self.mirror.version
+
+    def self_check(self, view: ClusterView) -> None:
+        """Compare the state with one built afresh from the tables (MirrorDiverged)."""
+        with self._one_at_a_time:
+            mirror = self._caught_up(view)
+            with snapshot(self.engine) as conn:
+                try:
+                    mirror.absorb(mirror.news(conn))
+                except GapError:  # a cycle ran elsewhere: nothing to compare, build it again
+                    self.mirror = None
+                    return
+                fresh = Mirror.load(
+                    conn,
+                    view.cluster,
+                    self.teams,
+                    self.policy,
+                    held=view.held,
+                    live=self.live,
+                )
+            mirror.check_against(fresh)
+
+    def _caught_up(self, view: ClusterView) -> Mirror:
+        """The mirror of this cluster view, caught up to the last commit (built if needed)."""
+        mirror = self.mirror
+        if (
+            mirror is not None
+            and mirror.cluster is not view.cluster
+            and mirror.cluster != view.cluster
+        ):
+            mirror = None
+        with snapshot(self.engine) as conn:
+            if mirror is not None:
+                try:
+                    mirror.absorb(mirror.news(conn))
+                except GapError:
+                    mirror = None
+            if mirror is None:
+                mirror = self._build(conn, view)
+        mirror.set_held(view.held)
+        return mirror
+
+    def _build(self, conn: Connection, view: ClusterView) -> Mirror:
+        # The state lives as long as the process: out of the collector's way once built
+        # (gc.freeze), after letting it collect the last one (gc.unfreeze).
+        gc.unfreeze()
+        self.mirror = None
+        mirror = Mirror.load(
+            conn, view.cluster, self.teams, self.policy, held=view.held, live=self.live
+        )
+        gc.freeze()
+        self.mirror = mirror
+        self.builds += 1
+        return mirror
