@@ -137,7 +137,7 @@ def test_one_cycle_serves_every_waiting_job(store: Store) -> None:
         while len(seen) < 5:
             await asyncio.sleep(0.05)
         settled = poller.cycles
-        for _ in range(10):  # ten ticks, nothing changes in the store
+        for _ in range(3):  # three ticks, nothing changes in the store
             await asyncio.sleep(poller.tick_s)
         idle = poller.cycles - settled
         # Someone in another process cancels the holder: the token moves, a cycle follows.
@@ -152,6 +152,26 @@ def test_one_cycle_serves_every_waiting_job(store: Store) -> None:
     assert idle == 0
     assert [st.state for st in done] == ["admitted"] * 5
     assert {st.id for st in done} == {f"w{i}" for i in range(5)}
+
+
+def test_a_change_committed_elsewhere_wakes_the_poller_before_its_tick(store: Store) -> None:
+    holder = _submit(store, "holder", 2, 4, HOUR)
+    _run_now(store, "holder", holder)
+    _submit(store, "waiting", 1, 1, 0.1)
+
+    async def scenario() -> JobStatus:
+        poller = CyclePoller.of(store)
+        poller.tick_s = 60.0  # it would look at the store on its own only after a minute
+        heard = asyncio.Event()
+        waiting = asyncio.create_task(
+            poller.wait("waiting", poll_s=HOUR, on_queued=lambda st: heard.set())
+        )
+        await heard.wait()  # its first cycle: queued behind the holder
+        await asyncio.sleep(0.5)  # the poller is asleep now
+        await asyncio.to_thread(store.cancel, "holder", message="test")  # as another process
+        return await asyncio.wait_for(waiting, 20)  # woken by the commit, not by its tick
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)).state == "admitted"
 
 
 def test_waiting_for_an_unknown_job_is_an_error_not_a_hang(store: Store) -> None:

@@ -54,6 +54,25 @@ def test_a_committed_change_wakes_a_listener_and_a_burst_wakes_it_once(loop_url:
         store.close()
 
 
+def test_a_database_path_too_long_for_a_socket_still_wakes_its_listener(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)  # <db>.wake/<name>.sock > 108 bytes
+    deep.mkdir(parents=True)
+    store = open_store(f"sqlite:///{deep}/berth.db")
+    listener, other = listen(store.engine), listen(store.engine)
+    try:
+        markers = sorted(os.listdir(f"{deep}/berth.db.wake"))
+        assert len(markers) == 2 and all(m.endswith(".abstract") for m in markers), markers
+        store.submit(spec_for(0), job_id=job_id(0))
+        assert listener.wait(5.0) and other.wait(5.0)
+        other.sock.close()  # its process died, the marker stayed: the next commit removes it
+        store.submit(spec_for(1), job_id=job_id(1))
+        assert listener.wait(5.0)
+        assert len(os.listdir(f"{deep}/berth.db.wake")) == 1
+    finally:
+        listener.close()
+        store.close()
+
+
 @contextlib.contextmanager
 def running(loop: SchedulingLoop) -> Iterator[threading.Thread]:
     thread = threading.Thread(target=loop.run, name="loop", daemon=True)

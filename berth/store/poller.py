@@ -6,12 +6,14 @@ couple of seconds: N waiting jobs cost N locked cycles per period, and a job lea
 were freed only at its next poll. A `CyclePoller` serves all the waiters of one event loop (on
 the embedded default, the triggerer's), and runs a cycle only when one can decide something new:
 
-- every `tick_s` it reads the store's change token (the last event id: one indexed read);
-  when it moved (a job submitted, ended, requeued, cancelled, or admitted by another process),
-  when a time-based change is due (the last cycle's `next_wakeup`: a backoff ending, a
-  reservation coming of age), when `poke()` asked (a trigger of this process just freed GPUs),
-  or when the shortest `poll_s` of its waiters has passed (a safety net), it reaps dead
-  workers' attempts (at most once per `poll_s`) and runs one cycle;
+- it sleeps until a change is committed (wakeup.py: PostgreSQL NOTIFY, a socket on SQLite), a
+  trigger of this process pokes it, or `tick_s` passed; then it reads the store's change token
+  (the last event id: one indexed read); when it moved (a job submitted, ended, requeued,
+  cancelled, or admitted by another process), when a time-based change is due (the last
+  cycle's `next_wakeup`: a backoff ending, a reservation coming of age), when `poke()` asked
+  (a trigger of this process just freed GPUs), or when the shortest `poll_s` of its waiters
+  has passed (a safety net), it reaps dead workers' attempts (at most once per `poll_s`) and
+  runs one cycle;
 - then it reads the waiting jobs in one query and wakes each one whose wait is over: admitted
   and launchable, running (a launch it does not know of yet), preempting or ended. While an
   admitted job waits for its victims to stop, the poller heartbeats it, so the reaper leaves it.
@@ -30,6 +32,7 @@ import contextlib
 import math
 import time
 import weakref
+from asyncio import FIRST_COMPLETED
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -37,8 +40,11 @@ from typing import ClassVar
 from berth.store.schema import ADMITTED, QUEUED
 from berth.store.store import DEFAULT_LEASE_S, Store
 from berth.store.views import JobStatus, UnknownJobError
+from berth.store.wakeup import Listener, listen
 
-TICK_S = 0.2  # how often the change token is read: the added wait for freed GPUs
+# The longest a poller sleeps between reads of the change token when no committed change woke
+# it (wakeup.py): a safety net, not the way it learns of changes.
+TICK_S = 1.0
 
 
 @dataclass(eq=False)
@@ -111,6 +117,8 @@ class CyclePoller:
             self._waiters.discard(waiter)
 
     async def _run(self) -> None:
+        listener = await asyncio.to_thread(listen, self.store.engine)
+        heard: asyncio.Future | None = None
         seen: int | None = None
         last_cycle = last_reap = -math.inf
         next_wakeup: float | None = None
@@ -141,12 +149,25 @@ class CyclePoller:
                     last_cycle = time.monotonic()
                     await self._answer()
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.tick_s)
+                heard = await self._sleep(listener, heard)
         except Exception as e:  # the store failed: every waiter hears it, none hangs
             for w in list(self._waiters):
                 if not w.done.done():
                     w.done.set_exception(e)
+        finally:
+            if heard is not None:  # its thread still listens: let it end before closing
+                await asyncio.wait({heard}, timeout=self.tick_s + 5.0)
+            listener.close()
+
+    async def _sleep(self, listener: Listener, heard: asyncio.Future | None) -> asyncio.Future:
+        """Until a change is committed (the listener, in a thread), `poke()`, or `tick_s`.
+        Returns the listening future, still running if something else woke the poller."""
+        if heard is None or heard.done():
+            heard = asyncio.ensure_future(asyncio.to_thread(listener.wait, self.tick_s))
+        poked = asyncio.ensure_future(self._wake.wait())
+        await asyncio.wait({heard, poked}, timeout=self.tick_s, return_when=FIRST_COMPLETED)
+        poked.cancel()
+        return heard
 
     async def _answer(self) -> None:
         waiters = [w for w in self._waiters if not w.done.done()]

@@ -7,7 +7,9 @@ database.py) wakes the listeners once it has committed:
   if it commits; a listener LISTENs on a connection of its own.
 - SQLite has no NOTIFY. A listener binds a Unix datagram socket in the folder `<db file>.wake/`;
   a committed change sends one byte to each socket there (one whose listener died is removed).
-  Sending never blocks: a full socket already has a wake-up waiting.
+  Sending never blocks: a full socket already has a wake-up waiting. Where that folder's path
+  is too long for a socket (108 bytes on Linux), the socket is bound in Linux's abstract
+  namespace and an empty file `<name>.abstract` in the folder says where it listens.
 
 `Listener.wait(timeout)` returns True when woken and False at the timeout; the wake-ups of a
 burst of changes are drained together, so a burst costs one wake-up. A listener is a hint to
@@ -21,6 +23,7 @@ import contextlib
 import os
 import select
 import socket
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +32,7 @@ from sqlalchemy import Connection, Engine, text
 
 CHANNEL = "berth_changes"
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux
+_ABSTRACT = ".abstract"  # a marker file for a socket in Linux's abstract namespace
 
 
 class Listener(Protocol):
@@ -56,11 +60,15 @@ def woken_after_commit(engine: Engine) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.setblocking(False)
         for name in names:
-            if not name.endswith(".sock"):
+            if name.endswith(".sock"):
+                address = path = os.path.join(folder, name)
+            elif name.endswith(_ABSTRACT):
+                path = os.path.join(folder, name)
+                address = _abstract_address(name)
+            else:
                 continue
-            path = os.path.join(folder, name)
             try:
-                s.sendto(b"!", path)
+                s.sendto(b"!", address)
             except BlockingIOError:  # its buffer is full: a wake-up is already waiting
                 pass
             except (ConnectionRefusedError, FileNotFoundError):  # its listener is gone
@@ -76,10 +84,19 @@ def listen(engine: Engine) -> Listener:
         return _PostgresListener(engine)
     folder = _folder(engine)
     if folder is not None:
-        path = os.path.join(folder, f"{os.getpid()}-{uuid.uuid4().hex[:8]}.sock")
+        name = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        path = os.path.join(folder, f"{name}.sock")
         if len(path) <= _MAX_SOCKET_PATH:
-            return _SocketListener(folder, path)
-    return _Timeout()  # a path too long for a socket: wake at the timeout only
+            return _SocketListener(folder, path, path)
+        if sys.platform == "linux":
+            marker = os.path.join(folder, f"{name}{_ABSTRACT}")
+            return _SocketListener(folder, marker, _abstract_address(marker))
+    return _Timeout()  # a path too long for a socket elsewhere: wake at the timeout only
+
+
+def _abstract_address(marker: str) -> str:
+    # The name is unique (pid and a random part), so the address is too, across databases.
+    return "\0berth-wake-" + os.path.basename(marker).removesuffix(_ABSTRACT)
 
 
 def _folder(engine: Engine) -> str | None:
@@ -89,12 +106,16 @@ def _folder(engine: Engine) -> str | None:
 
 
 class _SocketListener:
-    def __init__(self, folder: str, path: str) -> None:
+    """`path`: the socket's file in the folder, or the marker of its abstract `address`."""
+
+    def __init__(self, folder: str, path: str, address: str) -> None:
         os.makedirs(folder, exist_ok=True)
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(path)
+        self.sock.bind(address)
         self.sock.setblocking(False)
+        if address != path:  # bound first, so a sender never finds a marker with no socket
+            Path(path).touch()
 
     def wait(self, timeout: float) -> bool:
         ready, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
