@@ -39,10 +39,11 @@ def _reachable(
     reachable = pool.gpus_below(job.team, job.priority)
     lenders = []
     if reclaims:
-        for team, gpus in pool.reclaimable_gpus[guarded].items():
-            if team != job.team and quota.borrowing(team):
+        gpus_of = pool.reclaimable_gpus[guarded]
+        for team in quota.borrowers:  # the order is of no matter: victims are sorted by loss
+            if team != job.team:
                 borrowed = quota.usage[team].gpu - quota.teams[team].nominal.gpu
-                reachable += min(gpus, max(borrowed, 0))
+                reachable += min(gpus_of.get(team, 0), max(borrowed, 0))
                 lenders.append(team)
     return reachable, lenders
 
@@ -96,7 +97,7 @@ def plan_preemption(
         floor = spared.get(team, inf)
         candidates.extend(
             r
-            for r in pool.reclaimable[guarded][team]
+            for r in pool.reclaimable[guarded].get(team, ())
             if r.job.id not in excluded and r.job.priority <= floor
         )
     if not candidates:

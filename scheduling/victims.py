@@ -7,9 +7,10 @@ one becomes eligible, so that a failed search knows when to look again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 from operator import attrgetter
+from typing import Any
 
 from scheduling.capacity import Capacity
 from scheduling.jobs import Running
@@ -18,11 +19,29 @@ from scheduling.resources import Resources
 from scheduling.snapshot import Snapshot
 
 BY_LOSS = attrgetter("loss")  # Running.loss: cheapest losses first
+_SLACK_S = 1e-3  # widens a bisected window of start times; the exact tests then decide
+
+
+class _PerTeam(dict):
+    """A read-only mapping team -> value, each value made by `make(team)` on first use."""
+
+    def __init__(self, make: Callable[[str], Any]) -> None:
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, team: str) -> Any:
+        value = self[team] = self._make(team)
+        return value
+
+    def get(self, team: str, default: Any = None) -> Any:  # dict.get skips __missing__
+        return self[team]
 
 
 class VictimPool:
-    """Running jobs that may be preempted now, by team, cheapest losses first. Built once per
-    cycle, on the first preemption attempt.
+    """Running jobs that may be preempted now, by team, cheapest losses first. Made once per
+    cycle, on the first preemption attempt; a team's lists are built when a search first
+    needs them (most cycles search for a few teams' jobs, and a list costs a walk over the
+    team's recent jobs).
 
     - `reclaimable[False]`: preemptible and past their minimum run time: what a lender may take
       back from a borrowing team once its deadline has passed; `reclaimable[True]`: those
@@ -38,48 +57,74 @@ class VictimPool:
         max_preemptions: int,
         max_runtime_s: float = float("inf"),
     ) -> None:
-        by_team: dict[str, list[Running]] = {}
-        # Jobs that will pass their minimum run time later, in start order: when a search
-        # fails, the cycle wakes up as the first of these that it could use becomes eligible.
-        self.upcoming: list[Running] = []
         self.min_runtime_s = min_runtime_s
         self.max_preemptions = max_preemptions
+        self.max_runtime_s = max_runtime_s
         self._queues = snap.queues  # team -> classes of pending jobs (Pending.klass)
-        now = snap.now
         self._snap = snap
-        # Only jobs started inside the window [now - max_runtime, ...] can be within the guards.
-        for r in snap.running_by_start.irange_key(min_key=(now - max_runtime_s,)):
-            if not r.job.preemptible:
-                continue
-            if r.start_time + min_runtime_s > now:  # the same sum as the wake-up
-                # Whatever its preemptions: past a lender's reclaim deadline the guards no
-                # longer spare it, so its minimum run time is a moment to wake up for.
-                self.upcoming.append(r)
-                continue
-            if r.preemptions >= max_preemptions or now - r.start_time > max_runtime_s:
-                continue
-            by_team.setdefault(r.job.team, []).append(r)
-        self.gpus: dict[str, int] = {}
+        self._upcoming: list[Running] | None = None
+        self.by_team = _PerTeam(self._victims_of)
         # Per team, (priority, GPUs of its victims of lower priority): a cheap upper bound on
-        # what a priority preemption can free, before any list is built.
-        self.below: dict[str, list[tuple[int, int]]] = {}
-        for team, runs in by_team.items():
-            # Cheapest losses first: lower priority, then the most recently started.
-            runs.sort(key=BY_LOSS)
-            below, total, prio = [], 0, None
-            for r in runs:
-                if r.job.priority != prio:
-                    prio = r.job.priority
-                    below.append((prio, total))
-                total += r.job.demand.gpu
-            self.gpus[team] = total
-            self.below[team] = below
-        self.by_team = by_team
+        # what a priority preemption can free, before any list is copied.
+        self.below = _PerTeam(self._below_of)
+        self.gpus = _PerTeam(lambda team: sum(r.job.demand.gpu for r in self.by_team[team]))
         # Reclaim victims: within the guards (the priority victims) until the lender's job has
         # waited `reclaim_deadline_s` (Policy); then every preemptible job past its minimum run
         # time, listed only when first needed (never under an infinite deadline).
-        self.reclaimable: dict[bool, Mapping[str, Sequence[Running]]] = {True: by_team}
+        self.reclaimable: dict[bool, Mapping[str, Sequence[Running]]] = {True: self.by_team}
         self.reclaimable_gpus: dict[bool, Mapping[str, int]] = {True: self.gpus}
+
+    def _victims_of(self, team: str) -> list[Running]:
+        """The team's victims within the guards, cheapest losses first.
+
+        The team's preemptible jobs are kept by (priority, -start, id): within one priority,
+        the jobs started in the guards' window of time are a run of that order, found by
+        bisection and then filtered with the exact tests (the bounds are widened by a
+        millisecond so that rounding in `now - x` never leaves one out)."""
+        runs = self._snap.preemptible_by_team.get(team)
+        if not runs:
+            return []
+        now, min_rt, max_rt = self._snap.now, self.min_runtime_s, self.max_runtime_s
+        newest = -(now - min_rt) - _SLACK_S  # -start of the latest start that may qualify
+        oldest = -(now - max_rt) + _SLACK_S
+        out: list[Running] = []
+        for prio in sorted(p for p, n in self._snap.running_priorities[team].items() if n):
+            for r in runs.irange_key(min_key=(prio, newest), max_key=(prio, oldest)):
+                start = r.start_time
+                if (
+                    start + min_rt <= now  # the same sum as the wake-up
+                    and now - start <= max_rt
+                    and start >= now - max_rt
+                    and r.preemptions < self.max_preemptions
+                ):
+                    out.append(r)
+        return out
+
+    def _below_of(self, team: str) -> list[tuple[int, int]]:
+        below: list[tuple[int, int]] = []
+        total, prio = 0, None
+        for r in self.by_team[team]:
+            if r.job.priority != prio:
+                prio = r.job.priority
+                below.append((prio, total))
+            total += r.job.demand.gpu
+        return below
+
+    @property
+    def upcoming(self) -> list[Running]:
+        """Preemptible jobs that pass their minimum run time later, in start order: when a
+        search fails, the cycle wakes up as the first of these it could use becomes eligible."""
+        if self._upcoming is None:
+            snap, now = self._snap, self._snap.now
+            since = max(now - self.max_runtime_s, now - self.min_runtime_s - _SLACK_S)
+            self._upcoming = [
+                r
+                for r in snap.running_by_start.irange_key(min_key=(since,))
+                if r.job.preemptible
+                and r.start_time + self.min_runtime_s > now
+                and r.start_time >= now - self.max_runtime_s
+            ]
+        return self._upcoming
 
     def unguard(self) -> None:
         """List every preemptible job past its minimum run time (reclaim past the deadline)."""
