@@ -93,16 +93,20 @@ def plan_preemption(
         and r.job.id not in excluded
         and r.job.priority <= own_floor
     ]
+    sources = 1 if candidates else 0
     for team in lenders:
         floor = spared.get(team, inf)
+        before = len(candidates)
         candidates.extend(
             r
             for r in pool.reclaimable[guarded].get(team, ())
             if r.job.id not in excluded and r.job.priority <= floor
         )
+        sources += len(candidates) > before
     if not candidates:
         return None
-    candidates.sort(key=BY_LOSS)
+    if sources > 1:  # each team's list is in loss order already
+        candidates.sort(key=BY_LOSS)
     if job.replicas == 1 and not job.shared and place(cap, job) is None:
         # Room on one node is what it lacks; the per-node search covers every such plan.
         return _plan_on_one_node(candidates, cap, quota, job, place)
@@ -121,7 +125,8 @@ def _plan_on_one_node(
         if r.shares_gpu:
             continue  # freeing a share may not free a whole GPU; the greedy search handles it
         for n, k in r.gpus_by_node:
-            reps = sum(1 for rep in r.placement.replicas if rep.node == n)
+            replicas = r.placement.replicas
+            reps = 1 if len(replicas) == 1 else sum(1 for rep in replicas if rep.node == n)
             entry = by_node.get(n)
             if entry is None:
                 by_node[n] = [(r, k, reps)]

@@ -7,7 +7,9 @@ one becomes eligible, so that a failed search knows when to look again.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
 from itertools import chain
 from operator import attrgetter
 from typing import Any
@@ -15,10 +17,15 @@ from typing import Any
 from scheduling.capacity import Capacity
 from scheduling.jobs import Running
 from scheduling.quota import QuotaLedger
-from scheduling.resources import Resources
 from scheduling.snapshot import Snapshot
 
 BY_LOSS = attrgetter("loss")  # Running.loss: cheapest losses first
+
+
+def _started(r: Running) -> tuple[float, str]:  # the state's running_by_start order
+    return (r.start_time, r.job.id)
+
+
 _SLACK_S = 1e-3  # widens a bisected window of start times; the exact tests then decide
 
 
@@ -63,6 +70,7 @@ class VictimPool:
         self._queues = snap.queues  # team -> classes of pending jobs (Pending.klass)
         self._snap = snap
         self._upcoming: list[Running] | None = None
+        self._shapes = _PerTeam(self._shapes_of)
         self.by_team = _PerTeam(self._victims_of)
         # Per team, (priority, GPUs of its victims of lower priority): a cheap upper bound on
         # what a priority preemption can free, before any list is copied.
@@ -109,6 +117,25 @@ class VictimPool:
                 below.append((prio, total))
             total += r.job.demand.gpu
         return below
+
+    def _shapes_of(self, team: str) -> tuple[int, int, set[tuple[int, int, int]]] | None:
+        """Of the team's pending classes: the top priority, the fewest whole GPUs a replica
+        asks for (0: some job shares a GPU), and the distinct total demands; None if none."""
+        shapes = [k[:7] for k in self._queues.get(team, ())]  # a class starts with Job.shape
+        if not shapes:
+            return None
+        return (
+            max(shape[0] for shape in shapes),
+            min(shape[2] for shape in shapes) // 1000,
+            {(r * g, r * c, r * m) for _, r, g, c, m, _, _ in shapes},
+        )
+
+    @cached_property
+    def _upcoming_by_team(self) -> dict[str, list[Running]]:
+        by_team: dict[str, list[Running]] = {}
+        for r in self.upcoming:
+            by_team.setdefault(r.job.team, []).append(r)
+        return by_team
 
     @property
     def upcoming(self) -> list[Running]:
@@ -169,31 +196,36 @@ class VictimPool:
         within the team's nominal (reclaim). When no node has room for the team's smallest
         whole-GPU replica, it must also bring its node to that many GPUs with the victims
         already allowed, or it frees no slot for anyone."""
-        shapes = [k[:7] for k in self._queues.get(team, ())]  # a class starts with Job.shape
-        if not shapes:
+        known = self._shapes[team]
+        if known is None:
             return None
-        top = max(shape[0] for shape in shapes)
-        reclaims = any(
-            quota.fits_nominal_with(team, Resources(r * g, r * c, r * m))
-            for _, r, g, c, m, _, _ in shapes
-        )
+        top, smallest, demands = known
+        u, nominal = quota.usage[team], quota.teams[team].nominal
+        room = (nominal.gpu - u.gpu, nominal.cpu - u.cpu, nominal.mem - u.mem)
+        reclaims = any(g <= room[0] and c <= room[1] and m <= room[2] for g, c, m in demands)
         lenders = [t for t in quota.borrowers if t != team] if reclaims else []
         per_node = None
-        smallest = min(shape[2] for shape in shapes) // 1000  # 0: some job shares a GPU
         if smallest and not any(cap.node_buckets[smallest:]):
             per_node = {}
             own = [r for r in self.by_team.get(team, ()) if r.job.priority < top]
             for r in chain(own, *(self.reclaimable[True].get(t, ()) for t in lenders)):
                 for n, k in r.gpus_by_node:
                     per_node[n] = per_node.get(n, cap.free_gpus(n)) + k
-        for r in self.upcoming:
-            v = r.job
-            if v.team == team:
-                if v.priority >= top or r.preemptions >= self.max_preemptions:
-                    continue
-            elif v.team not in lenders:
-                continue
-            if per_node is not None and not r.shares_gpu:
+        # The candidates in start order: the team's own lower-priority jobs not preempted too
+        # often, and every job of a lender (each list is in start order already).
+        upcoming = self._upcoming_by_team
+        max_preemptions = self.max_preemptions
+        own_next = (
+            r
+            for r in upcoming.get(team, ())
+            if r.job.priority < top and r.preemptions < max_preemptions
+        )
+        sources = [own_next, *(iter(upcoming.get(t, ())) for t in lenders)]
+        if per_node is None:  # the first one is the answer
+            firsts = [r for r in (next(src, None) for src in sources) if r is not None]
+            return min(firsts, key=_started, default=None)
+        for r in heapq.merge(*sources, key=_started):
+            if not r.shares_gpu:
                 useful = False
                 for n, k in r.gpus_by_node:
                     per_node[n] = per_node.get(n, cap.free_gpus(n)) + k
