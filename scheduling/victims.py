@@ -8,9 +8,8 @@ one becomes eligible, so that a failed search knows when to look again.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
-from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -20,6 +19,14 @@ from scheduling.quota import QuotaLedger
 from scheduling.snapshot import Snapshot
 
 BY_LOSS = attrgetter("loss")  # Running.loss: cheapest losses first
+
+
+def _by_node(runs: Iterable[Running]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for r in runs:
+        for n, k in r.gpus_by_node:
+            out[n] = out.get(n, 0) + k
+    return out
 
 
 def _started(r: Running) -> tuple[float, str]:  # the state's running_by_start order
@@ -71,6 +78,13 @@ class VictimPool:
         self._snap = snap
         self._upcoming: list[Running] | None = None
         self._shapes = _PerTeam(self._shapes_of)
+        # Node -> GPUs (whole) of a team's victims; "own": only those below its top priority.
+        self._gpus_by_node = _PerTeam(lambda team: _by_node(self.by_team[team]))
+        self._own_gpus_by_node = _PerTeam(
+            lambda team: _by_node(
+                r for r in self.by_team[team] if r.job.priority < self._shapes[team][0]
+            )
+        )
         self.by_team = _PerTeam(self._victims_of)
         # Per team, (priority, GPUs of its victims of lower priority): a cheap upper bound on
         # what a priority preemption can free, before any list is copied.
@@ -204,13 +218,13 @@ class VictimPool:
         room = (nominal.gpu - u.gpu, nominal.cpu - u.cpu, nominal.mem - u.mem)
         reclaims = any(g <= room[0] and c <= room[1] and m <= room[2] for g, c, m in demands)
         lenders = [t for t in quota.borrowers if t != team] if reclaims else []
-        per_node = None
+        # Where no node has room for the smallest replica, a job coming of age must bring its
+        # node there with the victims already allowed: per node, free GPUs plus the allowed
+        # victims' (the team's own of lower priority, the lenders'), worked out for the nodes
+        # it asks about, from per-team indexes made once a cycle.
+        held = None
         if smallest and not any(cap.node_buckets[smallest:]):
-            per_node = {}
-            own = [r for r in self.by_team.get(team, ()) if r.job.priority < top]
-            for r in chain(own, *(self.reclaimable[True].get(t, ()) for t in lenders)):
-                for n, k in r.gpus_by_node:
-                    per_node[n] = per_node.get(n, cap.free_gpus(n)) + k
+            held = [self._own_gpus_by_node[team], *(self._gpus_by_node[t] for t in lenders)]
         # The candidates in start order: the team's own lower-priority jobs not preempted too
         # often, and every job of a lender (each list is in start order already).
         upcoming = self._upcoming_by_team
@@ -221,15 +235,19 @@ class VictimPool:
             if r.job.priority < top and r.preemptions < max_preemptions
         )
         sources = [own_next, *(iter(upcoming.get(t, ())) for t in lenders)]
-        if per_node is None:  # the first one is the answer
+        if held is None:  # the first one is the answer
             firsts = [r for r in (next(src, None) for src in sources) if r is not None]
             return min(firsts, key=_started, default=None)
+        per_node: dict[int, int] = {}
         for r in heapq.merge(*sources, key=_started):
             if not r.shares_gpu:
                 useful = False
                 for n, k in r.gpus_by_node:
-                    per_node[n] = per_node.get(n, cap.free_gpus(n)) + k
-                    useful = useful or (per_node[n] >= smallest and cap.usable(n))
+                    now_free = per_node.get(n)
+                    if now_free is None:
+                        now_free = cap.free_gpus(n) + sum(index.get(n, 0) for index in held)
+                    per_node[n] = now_free = now_free + k
+                    useful = useful or (now_free >= smallest and cap.usable(n))
                 if not useful:
                     continue
             return r  # eligible at r.start_time + min_runtime_s
