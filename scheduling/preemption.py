@@ -39,11 +39,10 @@ def _reachable(
     reachable = pool.gpus_below(job.team, job.priority)
     lenders = []
     if reclaims:
-        gpus_of = pool.reclaimable_gpus[guarded]
         for team in quota.borrowers:  # the order is of no matter: victims are sorted by loss
             if team != job.team:
                 borrowed = quota.usage[team].gpu - quota.teams[team].nominal.gpu
-                reachable += min(gpus_of.get(team, 0), max(borrowed, 0))
+                reachable += min(pool.reclaimable_gpus(team, guarded), max(borrowed, 0))
                 lenders.append(team)
     return reachable, lenders
 
@@ -77,8 +76,6 @@ def plan_preemption(
     priority it had admitted in this cycle; its jobs of a higher priority are spared, so a
     cycle never preempts a job while admitting a lower-priority job of its team."""
     spared = spared_above or {}
-    if not guarded:
-        pool.unguard()
     # First an upper bound on what the allowed victims could free: most searches end here,
     # before any list is built.
     reachable, lenders = _reachable(pool, quota, job, _reclaims(quota, job), guarded)
@@ -88,7 +85,7 @@ def plan_preemption(
     own_floor = spared.get(job.team, inf)
     candidates = [
         r
-        for r in pool.by_team.get(job.team, ())
+        for r in pool.victims(job.team)
         if r.job.priority < job.priority
         and r.job.id not in excluded
         and r.job.priority <= own_floor
@@ -99,7 +96,7 @@ def plan_preemption(
         before = len(candidates)
         candidates.extend(
             r
-            for r in pool.reclaimable[guarded].get(team, ())
+            for r in pool.reclaimable(team, guarded)
             if r.job.id not in excluded and r.job.priority <= floor
         )
         sources += len(candidates) > before

@@ -8,10 +8,8 @@ one becomes eligible, so that a failed search knows when to look again.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from functools import cached_property
+from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
-from typing import Any
 
 from scheduling.capacity import Capacity
 from scheduling.jobs import Running
@@ -36,33 +34,19 @@ def _started(r: Running) -> tuple[float, str]:  # the state's running_by_start o
 _SLACK_S = 1e-3  # widens a bisected window of start times; the exact tests then decide
 
 
-class _PerTeam(dict):
-    """A read-only mapping team -> value, each value made by `make(team)` on first use."""
-
-    def __init__(self, make: Callable[[str], Any]) -> None:
-        super().__init__()
-        self._make = make
-
-    def __missing__(self, team: str) -> Any:
-        value = self[team] = self._make(team)
-        return value
-
-    def get(self, team: str, default: Any = None) -> Any:  # dict.get skips __missing__
-        return self[team]
-
-
 class VictimPool:
     """Running jobs that may be preempted now, by team, cheapest losses first. Made once per
-    cycle, on the first preemption attempt; a team's lists are built when a search first
-    needs them (most cycles search for a few teams' jobs, and a list costs a walk over the
-    team's recent jobs).
+    cycle, on the first preemption attempt; a team's lists are made when a search first needs
+    them (a cycle searches for a few teams' jobs, and a list costs a walk over the team's
+    recent jobs), and kept in plain dicts: no bound method or closure on the pool, whose
+    reference cycle would keep each cycle's lists alive until the collector runs.
 
-    - `reclaimable[False]`: preemptible and past their minimum run time: what a lender may take
-      back from a borrowing team once its deadline has passed; `reclaimable[True]`: those
-      within the guards below, what it may take before.
-    - `by_team` (priority victims): those, less jobs already preempted `max_preemptions` times
-      or running longer than `max_runtime_s`: a team's own higher-priority job may not destroy
-      long work or preempt the same job again and again."""
+    - `victims(team)` (priority victims): preemptible, past their minimum run time, preempted
+      fewer than `max_preemptions` times, running no longer than `max_runtime_s`: a team's own
+      higher-priority job may not destroy long work or preempt the same job again and again.
+    - `reclaimable(team, guarded)`: what a lender may take back from a borrowing team: those
+      (guarded) until the lender's job has waited `reclaim_deadline_s`; then (unguarded) every
+      preemptible job past its minimum run time."""
 
     def __init__(
         self,
@@ -74,43 +58,39 @@ class VictimPool:
         self.min_runtime_s = min_runtime_s
         self.max_preemptions = max_preemptions
         self.max_runtime_s = max_runtime_s
-        self._queues = snap.queues  # team -> classes of pending jobs (Pending.klass)
         self._snap = snap
-        self._upcoming: list[Running] | None = None
-        self._shapes = _PerTeam(self._shapes_of)
-        # Node -> GPUs (whole) of a team's victims; "own": only those below its top priority.
-        self._gpus_by_node = _PerTeam(lambda team: _by_node(self.by_team[team]))
-        self._own_gpus_by_node = _PerTeam(
-            lambda team: _by_node(
-                r for r in self.by_team[team] if r.job.priority < self._shapes[team][0]
-            )
-        )
-        self.by_team = _PerTeam(self._victims_of)
+        self._victims: dict[str, list[Running]] = {}
+        self._gpus: dict[str, int] = {}
         # Per team, (priority, GPUs of its victims of lower priority): a cheap upper bound on
         # what a priority preemption can free, before any list is copied.
-        self.below = _PerTeam(self._below_of)
-        self.gpus = _PerTeam(lambda team: sum(r.job.demand.gpu for r in self.by_team[team]))
-        # Reclaim victims: within the guards (the priority victims) until the lender's job has
-        # waited `reclaim_deadline_s` (Policy); then every preemptible job past its minimum run
-        # time, listed only when first needed (never under an infinite deadline).
-        self.reclaimable: dict[bool, Mapping[str, Sequence[Running]]] = {True: self.by_team}
-        self.reclaimable_gpus: dict[bool, Mapping[str, int]] = {True: self.gpus}
+        self._below: dict[str, list[tuple[int, int]]] = {}
+        self._shapes: dict[str, tuple[int, int, set[tuple[int, int, int]]] | None] = {}
+        # Node -> whole GPUs of a team's victims; "own": only those below its top priority.
+        self._held: dict[tuple[str, bool], dict[int, int]] = {}
+        self._unguarded: Mapping[str, Sequence[Running]] | None = None
+        self._unguarded_gpus: Mapping[str, int] = {}
+        self._upcoming: list[Running] | None = None
+        self._upcoming_by_team: dict[str, list[Running]] | None = None
 
-    def _victims_of(self, team: str) -> list[Running]:
+    def victims(self, team: str) -> list[Running]:
         """The team's victims within the guards, cheapest losses first.
 
         The team's preemptible jobs are kept by (priority, -start, id): within one priority,
         the jobs started in the guards' window of time are a run of that order, found by
         bisection and then filtered with the exact tests (the bounds are widened by a
         millisecond so that rounding in `now - x` never leaves one out)."""
-        runs = self._snap.preemptible_by_team.get(team)
+        out = self._victims.get(team)
+        if out is not None:
+            return out
+        out = self._victims[team] = []
+        snap = self._snap
+        runs = snap.preemptible_by_team.get(team)
         if not runs:
-            return []
-        now, min_rt, max_rt = self._snap.now, self.min_runtime_s, self.max_runtime_s
+            return out
+        now, min_rt, max_rt = snap.now, self.min_runtime_s, self.max_runtime_s
         newest = -(now - min_rt) - _SLACK_S  # -start of the latest start that may qualify
         oldest = -(now - max_rt) + _SLACK_S
-        out: list[Running] = []
-        for prio in sorted(p for p, n in self._snap.running_priorities[team].items() if n):
+        for prio in sorted(p for p, n in snap.running_priorities[team].items() if n):
             for r in runs.irange_key(min_key=(prio, newest), max_key=(prio, oldest)):
                 start = r.start_time
                 if (
@@ -122,34 +102,91 @@ class VictimPool:
                     out.append(r)
         return out
 
-    def _below_of(self, team: str) -> list[tuple[int, int]]:
-        below: list[tuple[int, int]] = []
-        total, prio = 0, None
-        for r in self.by_team[team]:
-            if r.job.priority != prio:
-                prio = r.job.priority
-                below.append((prio, total))
-            total += r.job.demand.gpu
-        return below
+    def gpus(self, team: str) -> int:
+        """GPUs (milli) of the team's victims."""
+        gpus = self._gpus.get(team)
+        if gpus is None:
+            gpus = self._gpus[team] = sum(r.job.demand.gpu for r in self.victims(team))
+        return gpus
+
+    def gpus_below(self, team: str, priority: int) -> int:
+        """GPUs of the team's victims with a priority lower than `priority`."""
+        below = self._below.get(team)
+        if below is None:
+            below = self._below[team] = []
+            total, prio = 0, None
+            for r in self.victims(team):
+                if r.job.priority != prio:
+                    prio = r.job.priority
+                    below.append((prio, total))
+                total += r.job.demand.gpu
+        out = 0
+        for prio, total in below:
+            if prio >= priority:
+                return total
+            out = self.gpus(team)
+        return out
+
+    def reclaimable(self, team: str, guarded: bool) -> Sequence[Running]:
+        """What a lender may take back from `team`, cheapest losses first."""
+        if guarded:
+            return self.victims(team)
+        return self._unguard().get(team, ())
+
+    def reclaimable_gpus(self, team: str, guarded: bool) -> int:
+        if guarded:
+            return self.gpus(team)
+        self._unguard()
+        return self._unguarded_gpus.get(team, 0)
+
+    def _unguard(self) -> Mapping[str, Sequence[Running]]:
+        """Every preemptible job past its minimum run time, by team (reclaim past the
+        deadline); listed once, when first needed (never under an infinite deadline)."""
+        if self._unguarded is not None:
+            return self._unguarded
+        snap = self._snap
+        if self.min_runtime_s <= 0:  # every preemptible job: the state keeps them by team
+            self._unguarded_gpus = snap.preemptible_gpus
+            self._unguarded = snap.preemptible_by_team  # read only
+            return self._unguarded
+        everyone: dict[str, list[Running]] = {}
+        now = snap.now
+        for r in snap.running_by_start.irange_key(max_key=(now - self.min_runtime_s, "\U0010ffff")):
+            if r.job.preemptible and r.start_time + self.min_runtime_s <= now:
+                everyone.setdefault(r.job.team, []).append(r)
+        for runs in everyone.values():
+            runs.sort(key=BY_LOSS)
+        self._unguarded_gpus = {t: sum(r.job.demand.gpu for r in rs) for t, rs in everyone.items()}
+        self._unguarded = everyone
+        return everyone
 
     def _shapes_of(self, team: str) -> tuple[int, int, set[tuple[int, int, int]]] | None:
         """Of the team's pending classes: the top priority, the fewest whole GPUs a replica
         asks for (0: some job shares a GPU), and the distinct total demands; None if none."""
-        shapes = [k[:7] for k in self._queues.get(team, ())]  # a class starts with Job.shape
-        if not shapes:
-            return None
-        return (
-            max(shape[0] for shape in shapes),
-            min(shape[2] for shape in shapes) // 1000,
-            {(r * g, r * c, r * m) for _, r, g, c, m, _, _ in shapes},
+        if team in self._shapes:
+            return self._shapes[team]
+        shapes = [k[:7] for k in self._snap.queues.get(team, ())]  # a class starts with shape
+        known = self._shapes[team] = (
+            (
+                max(shape[0] for shape in shapes),
+                min(shape[2] for shape in shapes) // 1000,
+                {(r * g, r * c, r * m) for _, r, g, c, m, _, _ in shapes},
+            )
+            if shapes
+            else None
         )
+        return known
 
-    @cached_property
-    def _upcoming_by_team(self) -> dict[str, list[Running]]:
-        by_team: dict[str, list[Running]] = {}
-        for r in self.upcoming:
-            by_team.setdefault(r.job.team, []).append(r)
-        return by_team
+    def _held_by_node(self, team: str, own_top: int | None) -> dict[int, int]:
+        """Node -> whole GPUs of the team's victims (only those below `own_top`, if given)."""
+        key = (team, own_top is not None)
+        held = self._held.get(key)
+        if held is None:
+            runs = self.victims(team)
+            if own_top is not None:
+                runs = [r for r in runs if r.job.priority < own_top]
+            held = self._held[key] = _by_node(runs)
+        return held
 
     @property
     def upcoming(self) -> list[Running]:
@@ -167,37 +204,13 @@ class VictimPool:
             ]
         return self._upcoming
 
-    def unguard(self) -> None:
-        """List every preemptible job past its minimum run time (reclaim past the deadline)."""
-        if False in self.reclaimable:
-            return
-        snap = self._snap
-        if self.min_runtime_s <= 0:  # every preemptible job: the state keeps them by team
-            self.reclaimable[False] = snap.preemptible_by_team  # read only
-            self.reclaimable_gpus[False] = snap.preemptible_gpus
-            return
-        everyone: dict[str, list[Running]] = {}
-        now = self._snap.now
-        for r in self._snap.running_by_start.irange_key(
-            max_key=(now - self.min_runtime_s, "\U0010ffff")
-        ):
-            if r.job.preemptible and r.start_time + self.min_runtime_s <= now:
-                everyone.setdefault(r.job.team, []).append(r)
-        for runs in everyone.values():
-            runs.sort(key=BY_LOSS)
-        self.reclaimable[False] = everyone
-        self.reclaimable_gpus[False] = {
-            t: sum(r.job.demand.gpu for r in rs) for t, rs in everyone.items()
-        }
-
-    def gpus_below(self, team: str, priority: int) -> int:
-        """GPUs of the team's victims with a priority lower than `priority`."""
-        out = 0
-        for prio, total in self.below.get(team, ()):
-            if prio >= priority:
-                return total
-            out = self.gpus[team]
-        return out
+    def _upcoming_of(self, team: str) -> list[Running]:
+        if self._upcoming_by_team is None:
+            by_team: dict[str, list[Running]] = {}
+            for r in self.upcoming:
+                by_team.setdefault(r.job.team, []).append(r)
+            self._upcoming_by_team = by_team
+        return self._upcoming_by_team.get(team, [])
 
     def next_eligible(self, cap: Capacity, quota: QuotaLedger, team: str) -> Running | None:
         """After a failed search for one of `team`'s jobs: the first running job that
@@ -210,7 +223,7 @@ class VictimPool:
         within the team's nominal (reclaim). When no node has room for the team's smallest
         whole-GPU replica, it must also bring its node to that many GPUs with the victims
         already allowed, or it frees no slot for anyone."""
-        known = self._shapes[team]
+        known = self._shapes_of(team)
         if known is None:
             return None
         top, smallest, demands = known
@@ -224,17 +237,16 @@ class VictimPool:
         # it asks about, from per-team indexes made once a cycle.
         held = None
         if smallest and not any(cap.node_buckets[smallest:]):
-            held = [self._own_gpus_by_node[team], *(self._gpus_by_node[t] for t in lenders)]
+            held = [self._held_by_node(team, top), *(self._held_by_node(t, None) for t in lenders)]
         # The candidates in start order: the team's own lower-priority jobs not preempted too
         # often, and every job of a lender (each list is in start order already).
-        upcoming = self._upcoming_by_team
         max_preemptions = self.max_preemptions
         own_next = (
             r
-            for r in upcoming.get(team, ())
+            for r in self._upcoming_of(team)
             if r.job.priority < top and r.preemptions < max_preemptions
         )
-        sources = [own_next, *(iter(upcoming.get(t, ())) for t in lenders)]
+        sources = [own_next, *(iter(self._upcoming_of(t)) for t in lenders)]
         if held is None:  # the first one is the answer
             firsts = [r for r in (next(src, None) for src in sources) if r is not None]
             return min(firsts, key=_started, default=None)

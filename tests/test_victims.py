@@ -87,8 +87,8 @@ def test_the_pool_lists_exactly_the_jobs_the_guards_allow(case: tuple) -> None:
     plain = _plain(runs, now, min_rt, max_p, max_rt)
     for team in TEAMS:
         want = plain.get(team, [])
-        assert [r.job.id for r in pool.by_team[team]] == [r.job.id for r in want]
-        assert pool.gpus[team] == sum(r.job.demand.gpu for r in want)
+        assert [r.job.id for r in pool.victims(team)] == [r.job.id for r in want]
+        assert pool.gpus(team) == sum(r.job.demand.gpu for r in want)
         for prio in range(5):
             below = sum(r.job.demand.gpu for r in want if r.job.priority < prio)
             assert pool.gpus_below(team, prio) == below
