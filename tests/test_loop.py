@@ -226,9 +226,14 @@ def test_the_loop_checks_its_state_against_a_rebuild_as_it_goes(loop_url: str) -
     loop = SchedulingLoop(open_store(loop_url), check_s=0.05, self_check_every_s=0.0)
     try:
         with running(loop):
-            for i in range(12):
-                store.submit(spec_for(i), job_id=job_id(i))
-            _until(lambda: loop.stats.cycles >= 3 and loop.stats.self_checks >= 3)
+            # Three bursts, a cycle after each: a burst may be decided in one cycle, and the
+            # loop's own commits run none, so twelve submissions at once could make only one.
+            for burst in range(3):
+                cycles = loop.stats.cycles
+                for i in range(4 * burst, 4 * burst + 4):
+                    store.submit(spec_for(i), job_id=job_id(i))
+                _until(lambda cycles=cycles: loop.stats.cycles > cycles)
+            _until(lambda: loop.stats.self_checks >= 3)
             for st in store.jobs(states=["admitted"]):
                 if store.launchable(st.id):
                     store.mark_started(st.id, st.attempt)
