@@ -14,6 +14,7 @@ preempted that the preemptor does not need gone.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from scheduling.capacity import Capacity
 from scheduling.jobs import Job, Placement, Running
 from scheduling.placement import TOPOLOGY
 from scheduling.quota import QuotaLedger, below_nominal_after
+from scheduling.resources import ZERO, Resources
 from scheduling.strategies import Placer
 from scheduling.victims import BY_LOSS, VictimPool
 
@@ -83,22 +85,18 @@ def plan_preemption(
         return None  # even every allowed victim would not free enough GPUs
     inf = 1 << 62
     own_floor = spared.get(job.team, inf)
-    candidates = [
-        r
-        for r in pool.victims(job.team)
-        if r.job.priority < job.priority
-        and r.job.id not in excluded
-        and r.job.priority <= own_floor
-    ]
+    # Its team's jobs of lower priority, none above the floor: a prefix of the loss order.
+    candidates = pool.below(job.team, min(job.priority, own_floor + 1))
+    if excluded:
+        candidates = [r for r in candidates if r.job.id not in excluded]
     sources = 1 if candidates else 0
     for team in lenders:
         floor = spared.get(team, inf)
         before = len(candidates)
-        candidates.extend(
-            r
-            for r in pool.reclaimable(team, guarded)
-            if r.job.id not in excluded and r.job.priority <= floor
-        )
+        runs = pool.reclaimable(team, guarded)
+        if excluded or floor != inf:
+            runs = (r for r in runs if r.job.id not in excluded and r.job.priority <= floor)
+        candidates.extend(runs)
         sources += len(candidates) > before
     if not candidates:
         return None
@@ -116,6 +114,10 @@ def _plan_on_one_node(
     """A single-replica job needs room on one node: for each node, the cheapest victims there
     that make room; then the node whose victims cost least (priority, GPUs, count)."""
     need = job.whole_gpus
+    team, preemptible = job.team, job.preemptible
+    own = _own_release(candidates, team)
+    if quota.own_limits_break(team, job.demand, preemptible, own):
+        return None  # its team's own limits hold even with all its victims gone
     by_node: dict[int, list[tuple[Running, int, int]]] = {}  # node -> (victim, GPUs, replicas)
     freeable: dict[int, int] = {}  # node -> GPUs all its candidates hold
     for r in candidates:
@@ -131,31 +133,46 @@ def _plan_on_one_node(
             else:
                 entry.append((r, k, reps))
                 freeable[n] += k
-    options: list[tuple[tuple, list[Running]]] = []
+    # Nodes in the order of their options' costs (priority, GPUs, count), each option worked
+    # out only when its turn may have come: a node's lower bound (its cheapest victim's
+    # priority, the GPUs it lacks, one victim) is no more than its option's cost, so an option
+    # popped from the heap costs no more than any left in it. The same order as costing every
+    # node and sorting, without costing the nodes past the one that makes it.
+    heap: list[tuple[tuple, list[Running] | None]] = []
     for node, victims in by_node.items():
         free = cap.free_gpus(node)
         if free + freeable[node] < need or not cap.usable(node):
             continue  # even every victim here would not free enough
-        chosen = _room_on(node, victims, cap, quota, job)
-        if chosen is None:
-            continue
-        cost = (
-            max(v.job.priority for v in chosen),
-            sum(v.job.demand.gpu for v in chosen),
-            len(chosen),
-            node,
-        )
-        options.append((cost, chosen))
+        if own is not ZERO and quota.own_limits_break(
+            team, job.demand, preemptible, _own_release([v for v, _, _ in victims], team)
+        ):
+            continue  # ... or give back enough of its team's own quota
+        heap.append(((victims[0][0].job.priority, max(need - free, 0) * 1000, 1, node), None))
+    heapq.heapify(heap)
     # Cheapest option first, the preemptor's quota with its victims gone (checked only for
     # the options looked at: a cluster has thousands of nodes), then a real placement: enough
     # GPUs on the node is necessary, not sufficient (a gpu_group job needs them in one group).
-    options.sort(key=lambda o: o[0])
     confirmed = 0
-    for _, chosen in options:
-        trial = quota.clone()
-        for v in chosen:
-            trial.remove(v.job.team, v.job.demand)
-        if trial.check(job.team, job.demand, job.preemptible) is not None:
+    while heap:
+        bound, chosen = heapq.heappop(heap)
+        if chosen is None:
+            node = bound[3]
+            chosen = _room_on(node, by_node[node], cap, quota, job)
+            if chosen is not None:
+                cost = (
+                    max(v.job.priority for v in chosen),
+                    sum(v.job.demand.gpu for v in chosen),
+                    len(chosen),
+                    node,
+                )
+                heapq.heappush(heap, (cost, chosen))
+            continue
+        if own is not ZERO and quota.own_limits_break(
+            team, job.demand, preemptible, _own_release(chosen, team)
+        ):
+            continue  # the cheap half of the check below, without a clone
+        trial = quota.without(v.job for v in chosen)
+        if trial.check(team, job.demand, preemptible) is not None:
             continue
         confirmed += 1
         if confirmed > 8:
@@ -167,6 +184,15 @@ def _plan_on_one_node(
         if placement is not None:
             return PreemptionPlan(placement, tuple(chosen))
     return None
+
+
+def _own_release(victims: list[Running], team: str) -> Resources:
+    """What the victims of `team` give back to it (ZERO itself when none is of it)."""
+    out = ZERO
+    for v in victims:
+        if v.job.team == team:
+            out = out + v.job.demand
+    return out
 
 
 def _room_on(
@@ -266,9 +292,8 @@ def _plan_greedy(
         tries += 1
         if tries > _SINGLE_TRIES:
             break
-        c, q = cap.clone(), quota.clone()
+        c, q = cap.clone(), quota.without((r.job,))
         c.give_placement(r.placement, r.job.cpu, r.job.mem)
-        q.remove(r.job.team, r.job.demand)
         if _fits(c, q, job, place):
             placement = place(c, job)
             assert placement is not None  # _fits just said so
@@ -280,16 +305,22 @@ def _plan_prefix(
     allowed: list[Running], cap: Capacity, quota: QuotaLedger, job: Job, place: Placer
 ) -> PreemptionPlan | None:
     """The shortest prefix of the allowed victims (loss order) that makes room, then pruned."""
-    q = quota.clone()
-    for r in allowed:
-        q.remove(r.job.team, r.job.demand)
+    q = quota.without(r.job for r in allowed)
 
     def without(k: int) -> tuple[Capacity, QuotaLedger]:
-        c, qq = cap.clone(), quota.clone()
+        c = cap.clone()
         for r in allowed[:k]:
             c.give_placement(r.placement, r.job.cpu, r.job.mem)
-            qq.remove(r.job.team, r.job.demand)
-        return c, qq
+        return c, quota.without(r.job for r in allowed[:k])
+
+    def fits_without(k: int) -> bool:  # `_fits(*without(k), ...)`, quota first: it is cheaper
+        qq = quota.without(r.job for r in allowed[:k])
+        if qq.check(job.team, job.demand, job.preemptible) is not None:
+            return False
+        c = cap.clone()
+        for r in allowed[:k]:
+            c.give_placement(r.placement, r.job.cpu, r.job.mem)
+        return _fits(c, qq, job, place)
 
     if not allowed or q.check(job.team, job.demand, job.preemptible) is not None:
         return None  # even with every allowed victim gone, its quota would not fit
@@ -301,7 +332,7 @@ def _plan_prefix(
     lo, hi = 1, len(allowed)
     while lo < hi:
         mid = (lo + hi) // 2
-        if _fits(*without(mid), job, place):
+        if fits_without(mid):
             hi = mid
         else:
             lo = mid + 1

@@ -11,10 +11,14 @@ Resources a team's nominal does not mention are not limited by quota (only by th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from scheduling.resources import UNLIMITED, ZERO, Resources
+
+if TYPE_CHECKING:
+    from scheduling.jobs import Job
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +141,25 @@ class QuotaLedger:
         """None when `request` fits the team's quota now, else the first limit it breaks."""
         u = self.usage[team]
         ag, ac, am = u.gpu + request.gpu, u.cpu + request.cpu, u.mem + request.mem
+        problem = self._own_limits(team, ag, ac, am, preemptible)
+        if problem is not None:
+            return problem
+        # The team's draw on the lending pool: what it uses beyond its guaranteed part.
+        g, used, cap = self._guaranteed[team], self.pool_used, self.pool_capacity
+        gg, gc, gm = g.gpu, g.cpu, g.mem
+        if ag > gg and used.gpu + (ag - gg) - (u.gpu - gg if u.gpu > gg else 0) > cap.gpu:
+            return _PROBLEMS["gpus", "cohort"]
+        if ac > gc and used.cpu + (ac - gc) - (u.cpu - gc if u.cpu > gc else 0) > cap.cpu:
+            return _PROBLEMS["cpus", "cohort"]
+        if am > gm and used.mem + (am - gm) - (u.mem - gm if u.mem > gm else 0) > cap.mem:
+            return _PROBLEMS["memory_gb", "cohort"]
+        return None
+
+    def _own_limits(
+        self, team: str, ag: int, ac: int, am: int, preemptible: bool
+    ) -> QuotaProblem | None:
+        """The first of the team's own limits that a usage of (ag, ac, am) breaks: its
+        ceiling, and its nominal for a non-preemptible request."""
         c = self._ceiling[team]
         if ag > c.gpu:
             return _PROBLEMS["gpus", "borrowing_limit"]
@@ -157,16 +180,44 @@ class QuotaLedger:
             )
             if over:
                 return _PROBLEMS[over, "nominal_non_preemptible"]
-        # The team's draw on the lending pool: what it uses beyond its guaranteed part.
-        g, used, cap = self._guaranteed[team], self.pool_used, self.pool_capacity
-        gg, gc, gm = g.gpu, g.cpu, g.mem
-        if ag > gg and used.gpu + (ag - gg) - (u.gpu - gg if u.gpu > gg else 0) > cap.gpu:
-            return _PROBLEMS["gpus", "cohort"]
-        if ac > gc and used.cpu + (ac - gc) - (u.cpu - gc if u.cpu > gc else 0) > cap.cpu:
-            return _PROBLEMS["cpus", "cohort"]
-        if am > gm and used.mem + (am - gm) - (u.mem - gm if u.mem > gm else 0) > cap.mem:
-            return _PROBLEMS["memory_gb", "cohort"]
         return None
+
+    def own_limits_break(
+        self, team: str, request: Resources, preemptible: bool, released: Resources
+    ) -> bool:
+        """True when `request` breaks one of the team's own limits even after the team gives
+        back `released`: then `check` fails whatever other teams give back (a preemption
+        plan whose own-team victims free less cannot pass)."""
+        u = self.usage[team]
+        return (
+            self._own_limits(
+                team,
+                u.gpu - released.gpu + request.gpu,
+                u.cpu - released.cpu + request.cpu,
+                u.mem - released.mem + request.mem,
+                preemptible,
+            )
+            is not None
+        )
+
+    def without(self, victims: Iterable[Job]) -> QuotaLedger:
+        """A clone with every victim's demand given back: each team's release summed first,
+        then applied once (the pool's and the borrowers' bookkeeping depend only on each
+        team's usage before and after, so this equals removing them one by one)."""
+        release: dict[str, list[int]] = {}
+        for v in victims:
+            d = v.demand
+            r = release.get(v.team)
+            if r is None:
+                release[v.team] = [d.gpu, d.cpu, d.mem]
+            else:
+                r[0] += d.gpu
+                r[1] += d.cpu
+                r[2] += d.mem
+        new = self.clone()
+        for team, (g, c, m) in release.items():
+            new._change(team, -g, -c, -m)
+        return new
 
     def add(self, team: str, amount: Resources) -> None:
         self._change(team, amount.gpu, amount.cpu, amount.mem)

@@ -61,9 +61,9 @@ class VictimPool:
         self._snap = snap
         self._victims: dict[str, list[Running]] = {}
         self._gpus: dict[str, int] = {}
-        # Per team, (priority, GPUs of its victims of lower priority): a cheap upper bound on
-        # what a priority preemption can free, before any list is copied.
-        self._below: dict[str, list[tuple[int, int]]] = {}
+        # Per team, (priority, GPUs of its victims of lower priority, where they end in its
+        # list): a cheap upper bound on what a priority preemption can free, and its victims.
+        self._below: dict[str, list[tuple[int, int, int]]] = {}
         self._shapes: dict[str, tuple[int, int, set[tuple[int, int, int]]] | None] = {}
         # Node -> whole GPUs of a team's victims; "own": only those below its top priority.
         self._held: dict[tuple[str, bool], dict[int, int]] = {}
@@ -83,6 +83,10 @@ class VictimPool:
         if out is not None:
             return out
         out = self._victims[team] = []
+        # Per priority present: (priority, GPUs of the victims before it, index of its first),
+        # made in the same walk: what `gpus`, `gpus_below` and `below` read.
+        below = self._below[team] = []
+        self._gpus[team] = 0
         snap = self._snap
         runs = snap.preemptible_by_team.get(team)
         if not runs:
@@ -90,42 +94,49 @@ class VictimPool:
         now, min_rt, max_rt = snap.now, self.min_runtime_s, self.max_runtime_s
         newest = -(now - min_rt) - _SLACK_S  # -start of the latest start that may qualify
         oldest = -(now - max_rt) + _SLACK_S
+        max_p = self.max_preemptions
+        total = 0
         for prio in sorted(p for p, n in snap.running_priorities[team].items() if n):
-            for r in runs.irange_key(min_key=(prio, newest), max_key=(prio, oldest)):
-                start = r.start_time
-                if (
-                    start + min_rt <= now  # the same sum as the wake-up
-                    and now - start <= max_rt
-                    and start >= now - max_rt
-                    and r.preemptions < self.max_preemptions
-                ):
-                    out.append(r)
+            lo = runs.bisect_key_left((prio, newest))
+            hi = runs.bisect_key_right((prio, oldest))
+            if lo >= hi:
+                continue
+            chunk = [  # a slice of the sorted list is a C-level copy of its parts
+                r
+                for r in runs[lo:hi]
+                if r.preemptions < max_p
+                and (start := r.start_time) + min_rt <= now  # the same sum as the wake-up
+                and now - start <= max_rt
+                and start >= now - max_rt
+            ]
+            if chunk:
+                below.append((prio, total, len(out)))
+                total += sum(r.job.demand.gpu for r in chunk)
+                out.extend(chunk)
+        self._gpus[team] = total
         return out
+
+    def below(self, team: str, priority: int) -> list[Running]:
+        """The team's victims with a priority lower than `priority`, in a new list: a prefix
+        of `victims(team)`, which is in loss order (priority first)."""
+        runs = self.victims(team)
+        for prio, _, first in self._below[team]:
+            if prio >= priority:
+                return runs[:first]
+        return runs[:]
 
     def gpus(self, team: str) -> int:
         """GPUs (milli) of the team's victims."""
-        gpus = self._gpus.get(team)
-        if gpus is None:
-            gpus = self._gpus[team] = sum(r.job.demand.gpu for r in self.victims(team))
-        return gpus
+        self.victims(team)
+        return self._gpus[team]
 
     def gpus_below(self, team: str, priority: int) -> int:
         """GPUs of the team's victims with a priority lower than `priority`."""
-        below = self._below.get(team)
-        if below is None:
-            below = self._below[team] = []
-            total, prio = 0, None
-            for r in self.victims(team):
-                if r.job.priority != prio:
-                    prio = r.job.priority
-                    below.append((prio, total))
-                total += r.job.demand.gpu
-        out = 0
-        for prio, total in below:
+        self.victims(team)
+        for prio, total, _ in self._below[team]:
             if prio >= priority:
                 return total
-            out = self.gpus(team)
-        return out
+        return self._gpus[team]
 
     def reclaimable(self, team: str, guarded: bool) -> Sequence[Running]:
         """What a lender may take back from `team`, cheapest losses first."""

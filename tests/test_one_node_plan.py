@@ -1,0 +1,115 @@
+"""A single-replica preemptor's plan (`preemption._plan_on_one_node`) works out each node's
+option only when its turn may come (a lower bound per node, a heap) and skips, without cloning
+the ledger, options that free too little of the preemptor's own team quota. Here it is compared
+with the plain definition it replaced: every node's option costed, sorted, and each checked
+on a cloned ledger, on random busy clusters."""
+
+from __future__ import annotations
+
+from builders import World, cluster, job, policy, teams
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from scheduling.jobs import Job, Running
+from scheduling.placement import TOPOLOGY
+from scheduling.preemption import PreemptionPlan, _plan_on_one_node, _room_on
+from scheduling.victims import BY_LOSS
+
+
+def _plain(candidates: list[Running], cap, quota, job: Job) -> PreemptionPlan | None:
+    """The definition: cost every node's option, sort, check quota on a clone, then place."""
+    need = job.whole_gpus
+    by_node: dict[int, list[tuple[Running, int, int]]] = {}
+    for r in candidates:
+        if r.shares_gpu:
+            continue
+        for n, k in r.gpus_by_node:
+            reps = sum(1 for rep in r.placement.replicas if rep.node == n)
+            by_node.setdefault(n, []).append((r, k, reps))
+    options = []
+    for node, victims in by_node.items():
+        free = cap.free_gpus(node)
+        if free + sum(k for _, k, _ in victims) < need or not cap.usable(node):
+            continue
+        chosen = _room_on(node, victims, cap, quota, job)
+        if chosen is not None:
+            cost = (
+                max(v.job.priority for v in chosen),
+                sum(v.job.demand.gpu for v in chosen),
+                len(chosen),
+                node,
+            )
+            options.append((cost, chosen))
+    options.sort(key=lambda o: o[0])
+    confirmed = 0
+    for _, chosen in options:
+        trial = quota.clone()
+        for v in chosen:
+            trial.remove(v.job.team, v.job.demand)
+        if trial.check(job.team, job.demand, job.preemptible) is not None:
+            continue
+        confirmed += 1
+        if confirmed > 8:
+            break
+        trial_cap = cap.clone()
+        for v in chosen:
+            trial_cap.give_placement(v.placement, v.job.cpu, v.job.mem)
+        placement = TOPOLOGY(trial_cap, job)
+        if placement is not None:
+            return PreemptionPlan(placement, tuple(chosen))
+    return None
+
+
+NO_PREEMPTION = policy("berth", preemption=False)
+
+
+@st.composite
+def _worlds(draw: st.DrawFn) -> tuple[World, Job]:
+    nominal = {t: draw(st.integers(0, 8)) for t in ("a", "b", "c")}
+    spec = {
+        t: {"nominal": n, "borrowing_limit": draw(st.sampled_from([0, 4, 64]))}
+        for t, n in nominal.items()
+    }
+    w = World(cluster(nodes=draw(st.integers(2, 6)), gpus=4, cpus=16), teams(**spec), NO_PREEMPTION)
+    for i in range(draw(st.integers(4, 30))):
+        w.submit(
+            job(
+                f"j{i}",
+                draw(st.sampled_from("abc")),
+                gpus=draw(st.sampled_from([1, 1, 2, 3, 4])),
+                replicas=draw(st.sampled_from([1, 1, 1, 2])),
+                cpus=draw(st.sampled_from([0, 1, 6])),
+                priority=draw(st.integers(0, 2)),
+                preemptible=draw(st.booleans()),
+            ),
+            at=float(i),
+        )
+        w.cycle(float(i))
+    preemptor = job(
+        "p",
+        draw(st.sampled_from("abc")),
+        gpus=draw(st.integers(1, 4)),
+        cpus=draw(st.sampled_from([0, 1, 6])),
+        priority=draw(st.integers(0, 3)),
+        preemptible=draw(st.booleans()),
+    )
+    return w, preemptor
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_worlds())
+def test_the_heap_finds_the_plan_the_sorted_options_find(case: tuple[World, Job]) -> None:
+    w, preemptor = case
+    snap = w.state.snapshot(1000.0)
+    cap, quota = snap.capacity.clone(), snap.quota.clone()
+    assume(TOPOLOGY(cap, preemptor) is None)  # only such jobs are planned this way
+    candidates = sorted((r for r in snap.running.values() if r.job.preemptible), key=BY_LOSS)
+    assume(candidates)
+    got = _plan_on_one_node(candidates, cap, quota, preemptor, TOPOLOGY)
+    want = _plain(candidates, cap, quota, preemptor)
+    if want is None:
+        assert got is None
+    else:
+        assert got is not None
+        assert [v.job.id for v in got.victims] == [v.job.id for v in want.victims]
+        assert got.placement == want.placement
