@@ -32,33 +32,27 @@ import argparse
 import inspect
 import json
 import os
-import secrets
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import requests
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a file
 
+from bench.airflow_standalone import DAG, Standalone, wait_for
 from bench.common import RESULTS, ROOT, code_version, console_for_tables, machine, reference_ms
 from berth.settings import BerthSettings
 from berth.store import JobStatus, Store
 from operators.triggers import MIN_EVENT_AGE_S
 
-VENV_BIN = Path(sys.executable).parent
 TARGETS_S = {"trigger_to_start": 10.0, "freed_to_start": 2.0}
-DAG = "berth_job"
 # The job: report when it started, then wait for its release file (or a deadline, so that no
 # replica outlives a broken run).
 WAITER = (
@@ -113,146 +107,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.25) -> Any:
-    """Poll `check` until it returns something truthy, or fail naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s:g} s")
-        time.sleep(every_s)
-
-
 def epoch(iso: str | None) -> float | None:
     return None if iso is None else datetime.fromisoformat(iso).timestamp()
-
-
-class Standalone:
-    """`airflow standalone` in its own process group, set up as scripts/airflow.sh does."""
-
-    def __init__(
-        self, root: Path, overrides: dict[str, str], dags: Path, loop: bool = True
-    ) -> None:
-        self.loop = loop
-        self.loop_proc: subprocess.Popen[bytes] | None = None
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://localhost:{self.port}"
-        self.password = secrets.token_urlsafe(12)
-        home, self.berth_home = root / "airflow", root / "berth"
-        home.mkdir(parents=True)
-        passwords = home / "simple_auth_manager_passwords.json"
-        passwords.write_text(json.dumps({"admin": self.password}))
-        passwords.chmod(0o600)
-        keep = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "BERTH"))}
-        keep.pop("MLFLOW_TRACKING_URI", None)
-        self.env = keep | {
-            "BERTH_HOME": str(self.berth_home),
-            "AIRFLOW_HOME": str(home),
-            "PYTHONPATH": str(ROOT),
-            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-            "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-            "AIRFLOW__API__PORT": str(self.port),
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-            "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple."
-            "simple_auth_manager.SimpleAuthManager",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-            **overrides,
-        }
-        self.log = root / "standalone.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.http = requests.Session()
-
-    def start(self, timeout_s: float) -> None:
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [str(VENV_BIN / "airflow"), "standalone"],
-                env=self.env,
-                cwd=self.berth_home.parent,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # one process group to stop, whatever it spawned
-            )
-        if self.loop:  # Berth's scheduling loop, as scripts/airflow.sh runs it
-            with open(self.berth_home.parent / "scheduler.log", "wb") as out:
-                self.loop_proc = subprocess.Popen(
-                    [str(VENV_BIN / "berth"), "scheduler"],
-                    env=self.env,
-                    cwd=self.berth_home.parent,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-        wait_for("Airflow's API and DAG berth_job", self._ready, timeout_s, every_s=1.0)
-        subprocess.run(
-            [
-                str(VENV_BIN / "berth"),
-                "pools",
-                "sync",
-                "--api-url",
-                self.url,
-                "--username",
-                "admin",
-                "--password",
-                self.password,
-            ],
-            env=self.env,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        self.call("PATCH", f"/dags/{DAG}", json={"is_paused": False})
-
-    def _ready(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            tail = self.log.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"airflow standalone exited ({self.proc.returncode}):\n{tail}")
-        try:
-            if "Authorization" not in self.http.headers:
-                r = self.http.post(
-                    f"{self.url}/auth/token",
-                    timeout=10,
-                    json={"username": "admin", "password": self.password},
-                )
-                if not r.ok:
-                    return False
-                self.http.headers["Authorization"] = f"Bearer {r.json()['access_token']}"
-            health = self.http.get(f"{self.url}/api/v2/monitor/health", timeout=10).json()
-            dag = self.http.get(f"{self.url}/api/v2/dags/{DAG}", timeout=10)
-        except requests.RequestException:
-            return False
-        parts = ("scheduler", "triggerer", "dag_processor")
-        healthy = all(health.get(k, {}).get("status") == "healthy" for k in parts)
-        return healthy and dag.status_code == 200
-
-    def call(self, method: str, path: str, **kw: Any) -> Any:
-        r = self.http.request(method, f"{self.url}/api/v2{path}", timeout=60, **kw)
-        if r.status_code >= 400:
-            raise RuntimeError(f"{method} /api/v2{path}: {r.status_code} {r.text[:500]}")
-        return r.json()
-
-    def stop(self) -> None:
-        if self.loop_proc is not None and self.loop_proc.poll() is None:
-            self.loop_proc.terminate()
-            self.loop_proc.wait(timeout=30)
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
 
 
 class Round:

@@ -53,7 +53,8 @@ from bench.common import (
     reference_ms,
     write_report,
 )
-from bench.cycle_bench import Bed, GcWatch, stats, warm_up
+from bench.cycle_bench import GcWatch, stats
+from bench.cycle_workload import Bed, warm_up
 from berth.spec import JobSpec
 from berth.store import Store
 from berth.store.rebuild import placement_json
@@ -282,7 +283,7 @@ def _timed_lock(waits: list[float]) -> Iterator[None]:
 
 def _writer(url: str, bed_now: float, seconds: float, seed: int, out: Any) -> None:
     """Another process: every 50 ms one running job ends and one job is submitted."""
-    from bench.cycle_bench import JobMaker
+    from bench.cycle_workload import JobMaker
     from scheduling.config import parse_teams
 
     rng = random.Random(seed)
