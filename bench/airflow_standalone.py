@@ -82,28 +82,26 @@ class Standalone:
         self.proc: subprocess.Popen[bytes] | None = None
         self.http = requests.Session()
 
-    def start(self, timeout_s: float) -> None:
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [str(VENV_BIN / "airflow"), "standalone"],
+    def _spawn(self, program: str, command: str, log: Path) -> subprocess.Popen[bytes]:
+        """`program command` with this Airflow's environment, its output in `log`, in a
+        process group of its own (one group to stop, whatever it spawns)."""
+        with open(log, "wb") as out:
+            return subprocess.Popen(
+                [str(VENV_BIN / program), command],
                 env=self.env,
                 cwd=self.berth_home.parent,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # one process group to stop, whatever it spawned
+                start_new_session=True,
             )
+
+    def start(self, timeout_s: float) -> None:
+        self.proc = self._spawn("airflow", "standalone", self.log)
         if self.loop:  # Berth's scheduling loop, as scripts/airflow.sh runs it
-            with open(self.berth_home.parent / "scheduler.log", "wb") as out:
-                self.loop_proc = subprocess.Popen(
-                    [str(VENV_BIN / "berth"), "scheduler"],
-                    env=self.env,
-                    cwd=self.berth_home.parent,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+            self.loop_proc = self._spawn(
+                "berth", "scheduler", self.berth_home.parent / "scheduler.log"
+            )
         wait_for("Airflow's API and DAG berth_job", self._ready, timeout_s, every_s=1.0)
         subprocess.run(
             [
