@@ -14,6 +14,11 @@ exactly at its time limit), `liveness` (a job neither rejected nor finished at t
 `lifecycle` (an event that does not fit the job's state, or time going back) and
 `nominal_deficit` (a lender's job left waiting past `Policy.reclaim_bound_s` while a
 borrowed job could make room for it: `audit_deficit.py`).
+
+This module holds the replay: `_Auditor` walks the events and keeps the state (GPUs, CPUs,
+memory, quota usage, the jobs' states and the current cycle), and checks what a placement
+alone shows (`over_allocation`, `gang`, `topology`, `lifecycle`). The quota, duration,
+preemption, inversion and rejection rules are in `audit_rules.py`.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from typing import Any
 from scheduling.cluster import CLUSTER, GPU_GROUP, NODE, Cluster
 from scheduling.policy import Policy
 from scheduling.quota import Team
-from scheduling.resources import GPU_UNIT, ZERO, Resources, gpu_request_problem
+from scheduling.resources import GPU_UNIT, ZERO, Resources
 from scheduling.simulator.audit_deficit import DeficitBound, Instant, Victim
+from scheduling.simulator.audit_rules import RuleChecks, gang_gpus
 from scheduling.simulator.trace import TraceJob
 
 __all__ = ["Violation", "audit", "audit_or_raise", "true_level"]
@@ -106,7 +112,7 @@ def true_level(cluster: Cluster, reps: Iterable[Rep]) -> str:
     return CLUSTER
 
 
-class _Auditor(DeficitBound):
+class _Auditor(RuleChecks, DeficitBound):
     def __init__(
         self,
         cluster: Cluster,
@@ -212,7 +218,7 @@ class _Auditor(DeficitBound):
             self.state[job_id] = "finished" if kind == "finish" else "pending"
             if kind != "finish" and self.watch:
                 self.enqueue(job, t)
-            delta = -_gpus(job)
+            delta = -gang_gpus(job)
         if kind in _CYCLE:
             self.cycle.append((kind, job, str(ev.get("by")), delta))
             self.taking = kind in _TAKES
@@ -234,7 +240,7 @@ class _Auditor(DeficitBound):
             self.release(job, quota=False)  # a held gang already holds its whole quota
         else:
             self.charge(job, 1)
-            delta = _gpus(job)
+            delta = gang_gpus(job)
         for rep in reps:
             self.take(job, rep)
         self.alloc[jid] = reps
@@ -323,232 +329,3 @@ class _Auditor(DeficitBound):
             self.mem[i] -= r.mem
         if quota:
             self.charge(job, -1)
-
-    # -- rules ------------------------------------------------------------------------------
-
-    def charge(self, job: TraceJob, sign: int) -> None:
-        """Add (sign 1) or take back (-1) the whole gang's request from its team's usage."""
-        team = job.team
-        if team not in self.usage:
-            self.flag(job.job_id, "quota", f"team {team!r} is not a known team")
-            return
-        r = Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
-        self.usage[team] = self.usage[team] + r * (sign * job.replicas)
-        if sign < 0 or not self.policy.quotas:
-            return
-        if not job.preemptible:
-            used = self.usage[team]
-            if self.policy.gangs.holds_partial:
-                # A cycle logs its holds before its admissions, whatever order it decided
-                # them in: leave out the quota of gangs held now (rare: a scan is fine).
-                for jid, st in self.state.items():
-                    held = self.jobs.get(jid)
-                    if (
-                        st == "held"
-                        and held is not None
-                        and held.team == team
-                        and jid != job.job_id
-                    ):
-                        used = (
-                            used
-                            - Resources.of(
-                                held.gpus_per_replica,
-                                held.cpus_per_replica,
-                                held.memory_gb_per_replica,
-                            )
-                            * held.replicas
-                        )
-            over = used.first_excess(self.teams[team].nominal)
-            if over:
-                self.flag(
-                    job.job_id,
-                    "quota",
-                    f"non-preemptible, and team {team} is above its nominal {over}",
-                )
-        over = self.usage[team].first_excess(self.ceiling[team])
-        if over:
-            self.flag(job.job_id, "quota", f"team {team} is above nominal + borrowing in {over}")
-        borrowed = ZERO
-        for name, u in self.usage.items():
-            borrowed = borrowed + (u - self.guaranteed[name]).clamp_low()
-        over = borrowed.first_excess(self.pool)
-        if over:
-            self.flag(job.job_id, "quota", f"the cohort lends more {over} than its teams lend")
-
-    def check_duration(self, job: TraceJob, timed_out: bool = False) -> None:
-        start, slowdown, restart = self.started.pop(job.job_id)
-        ran, want = self.t - start, (job.duration + restart) * slowdown
-        limit = math.inf if job.time_limit_s is None else job.time_limit_s
-        # The runtime stops a run exactly at its time limit, and only one that needed more
-        # (with checkpoints, what it needed is less than `want`: unknown here).
-        needed_more = want > limit or bool(self.checkpoint_s)
-        if timed_out and not (needed_more and math.isclose(ran, limit, abs_tol=1e-6)):
-            self.flag(
-                job.job_id, "duration", f"stopped after {ran:g}s at a time limit of {limit:g}s"
-            )
-        if timed_out:
-            return
-        if ran > limit + 1e-6 or (want > limit and not self.checkpoint_s):
-            self.flag(
-                job.job_id,
-                "duration",
-                f"ran {ran:g}s (wanted {want:g}s) with a time limit of {limit:g}s; it should "
-                "have been stopped (timed_out) at its limit",
-            )
-            return
-        if math.isclose(ran, want, rel_tol=1e-9, abs_tol=1e-6):
-            return
-        if self.checkpoint_s and 0 < ran < want:
-            return  # resumed from a checkpoint
-        self.flag(job.job_id, "duration", f"ran {ran:g}s since its last admit; want {want:g}s")
-
-    def check_preemption(self, victim: TraceJob, by: str) -> None:
-        """The rules about the victim alone; the quota rule waits for the end of the cycle."""
-        vid, pol, pre = victim.job_id, self.policy, self.jobs.get(by)
-        ran = self.t - self.started.pop(vid)[0]
-        self.preemptions[vid] = times = self.preemptions.get(vid, 0) + 1
-        # The guards of long work apply to priority preemption always, to reclaim until the
-        # lender's job has waited reclaim_deadline_s.
-        priority = pre is not None and pre.team == victim.team
-        waited = self.t - self.since.get(by, self.t)
-        guarded = priority or waited < pol.reclaim_deadline_s - 1e-6
-        why = {
-            f"policy {pol.name} does not preempt": not pol.preemption,
-            "the victim is not preemptible": not victim.preemptible,
-            f"it ran {ran:g}s < min_runtime_s": ran < pol.min_runtime_s - 1e-6,
-            f"it ran {ran:g}s > max_victim_runtime_s": guarded
-            and ran > pol.max_victim_runtime_s + 1e-6,
-            f"preempted {times} times > max_preemptions": guarded and times > pol.max_preemptions,
-            f"preemptor {by!r} is not in the trace": pre is None,
-            "same team, and the preemptor's priority is not higher": priority
-            and pre.priority <= victim.priority,
-            f"preemptor {by!r} waited {waited:g}s < preemption_delay_s": waited
-            < pol.preemption_delay_s - 1e-6,
-        }
-        for message, broken in why.items():
-            if broken:
-                self.flag(vid, "preemption", message)
-
-    def close_cycle(self) -> None:
-        """Replay the cycle in decision order, each preemptor's victims just before it: a
-        victim of another team must not leave its team below nominal GPUs. (The log lists a
-        cycle's preemptions before its admissions, hiding the order the engine decided in.)"""
-        base, cycle = self.base, self.cycle
-        self.base, self.cycle, self.taking = None, [], False
-        if base is None:
-            return
-        victims: dict[str, list[TraceJob]] = {}
-        for kind, job, by, delta in cycle:
-            if kind == "preempt":
-                victims.setdefault(by, []).append(job)
-            elif kind == "evict" and job.team in base:
-                base[job.team] += delta
-        lowest: dict[str, int] = {}  # per team, the lowest priority admitted in this cycle
-        for kind, job, _, delta in cycle:
-            if kind != "admit":
-                continue
-            mine = victims.pop(job.job_id, [])
-            for v in mine:
-                base[v.team] = base.get(v.team, 0) - _gpus(v)
-            for v in mine:
-                nominal = self.teams[v.team].nominal.gpu if v.team in self.teams else 0
-                if v.team != job.team and base[v.team] < nominal:
-                    left = base[v.team] / GPU_UNIT
-                    self.flag(v.job_id, "preemption", f"team {v.team} left with {left:g} GPUs")
-            base[job.team] = base.get(job.team, 0) + delta
-            own = self.teams[job.team].nominal.gpu if job.team in self.teams else 0
-            if any(v.team != job.team for v in mine) and base[job.team] > own:
-                held = base[job.team] / GPU_UNIT
-                self.flag(
-                    job.job_id,
-                    "preemption",
-                    f"reclaimed, but team {job.team} then holds {held:g} GPUs, above its nominal",
-                )
-            lowest[job.team] = min(lowest.get(job.team, job.priority), job.priority)
-        for kind, job, _, _ in cycle:
-            if kind == "preempt" and job.priority > lowest.get(job.team, job.priority):
-                self.flag(
-                    job.job_id,
-                    "inversion",
-                    f"preempted (priority {job.priority}) in a "
-                    f"cycle that admits team {job.team}'s priority {lowest[job.team]}",
-                )
-        for by, vs in victims.items():
-            for v in vs:
-                self.flag(v.job_id, "preemption", f"preemptor {by} was not admitted with it")
-
-    def check_rejection(self, job: TraceJob) -> None:
-        """A rejection must be right: the job fits no domain of its level on the empty cluster,
-        or asks more than its team can ever hold, or is malformed. Worked out here from the
-        cluster and the quotas alone, not with the engine's own admission code."""
-        if job.team not in self.teams or gpu_request_problem(job.gpus_per_replica):
-            return
-        if job.topology != "any" and job.topology not in self.cluster.rank:
-            return
-        demand = (
-            Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
-            * job.replicas
-        )
-        if self.policy.quotas:
-            team = self.teams[job.team]
-            reach = team.guaranteed + self.pool
-            reach = Resources(
-                *(
-                    min(a, b)
-                    for a, b in zip(
-                        (reach.gpu, reach.cpu, reach.mem),
-                        (
-                            self.ceiling[job.team].gpu,
-                            self.ceiling[job.team].cpu,
-                            self.ceiling[job.team].mem,
-                        ),
-                        strict=True,
-                    )
-                )
-            )
-            if not job.preemptible:
-                n = team.nominal
-                reach = Resources(
-                    min(reach.gpu, n.gpu), min(reach.cpu, n.cpu), min(reach.mem, n.mem)
-                )
-            if demand.first_excess(reach):
-                return
-        if not _fits_when_empty(self.cluster, job):
-            return
-        self.flag(
-            job.job_id,
-            "rejection",
-            "rejected, but it fits the empty cluster within its team's reach",
-        )
-
-
-def _fits_when_empty(cluster: Cluster, job: TraceJob) -> bool:
-    """Could the whole gang be placed on the empty cluster within its topology requirement?"""
-    r = Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
-    per_gpu = 1 if r.gpu >= GPU_UNIT else GPU_UNIT // r.gpu  # replicas one GPU can take
-    g = max(r.gpu // GPU_UNIT, 1)
-
-    def slots(gpus: int, node: Any) -> int:
-        s = gpus // g * (1 if r.gpu >= GPU_UNIT else per_gpu)
-        if r.cpu:
-            s = min(s, node.cpu // r.cpu)
-        if r.mem:
-            s = min(s, node.mem // r.mem)
-        return s
-
-    level = CLUSTER if job.topology == "any" else job.topology
-    if job.replicas == 1 and cluster.rank[level] > cluster.rank[NODE]:
-        level = NODE
-    if level == GPU_GROUP:
-        return any(slots(m.bit_count(), n) >= job.replicas for n in cluster.nodes for m in n.groups)
-    if level == NODE:
-        return any(slots(n.gpus, n) >= job.replicas for n in cluster.nodes)
-    return any(
-        sum(slots(cluster.nodes[i].gpus, cluster.nodes[i]) for i in nodes) >= job.replicas
-        for nodes in cluster.domains[level].values()
-    )
-
-
-def _gpus(job: TraceJob) -> int:
-    """The whole gang's GPUs, in milli-GPUs."""
-    return round(job.gpus_per_replica * GPU_UNIT) * job.replicas
