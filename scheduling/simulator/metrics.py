@@ -3,8 +3,8 @@
 Everything is derived from the events alone (plus node sizes and team quotas), so a
 report can be rebuilt from a saved ``events.jsonl`` without re-running the simulation.
 One pass over the events; state is O(jobs) plus one sample per distinct event time, and
-the series handed to plots are bucketed down to ``max_points`` time-weighted means. Every
-field is defined in docs/simulator.md.
+the series handed to plots are bucketed down to ``max_points`` time-weighted means (the
+recording and the bucketing: `timeseries.py`). Every field is defined in docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from scheduling.simulator.deficit import NominalDeficit
+from scheduling.simulator.timeseries import Timeline
 
 SMALL_JOB_GPUS = 8
 _KINDS = frozenset({"submit", "admit", "hold", "evict", "finish", "preempt", "reject"})
@@ -154,8 +154,7 @@ class _Replay:
         self.small_admits = self.small_single = 0
         self.slowdowns: list[float] = []
         self.team_alloc: dict[str, float] = {}
-        self.team_pts: dict[str, tuple[array, array]] = {}
-        self.ts, self.qs, self.als, self.bus = array("d"), array("d"), array("d"), array("d")
+        self.timeline = Timeline()
         self.t0: float | None = None
         self.now = 0.0
 
@@ -270,14 +269,7 @@ class _Replay:
         job.need = need
 
     def _sample(self, t: float) -> None:
-        alloc = self.admitted + self.holding
-        if self.ts and self.ts[-1] == t:
-            self.qs[-1], self.als[-1], self.bus[-1] = self.queue, alloc, self.admitted
-        else:
-            self.ts.append(t)
-            self.qs.append(self.queue)
-            self.als.append(alloc)
-            self.bus.append(self.admitted)
+        self.timeline.sample(t, self.queue, self.admitted + self.holding, self.admitted)
 
     def _touch(self, node: str, idxs: list[int], delta: int) -> None:
         """Add ``delta`` allocations to GPUs ``idxs`` of ``node``; track used/partly-free."""
@@ -302,14 +294,7 @@ class _Replay:
         before = self.team_alloc.get(team, 0.0)
         self.team_alloc[team] = alloc = before + delta
         self.deficit.set_allocation(team, alloc)
-        if team not in self.team_pts:
-            self.team_pts[team] = (array("d", [self.t0 or 0.0]), array("d", [0.0]))
-        pts_t, pts_v = self.team_pts[team]
-        if pts_t[-1] == now:
-            pts_v[-1] = alloc
-        else:
-            pts_t.append(now)
-            pts_v.append(alloc)
+        self.timeline.set_team(team, now, alloc, self.t0 or 0.0)
 
     def _release(self, job: _Job) -> None:
         if not job.alloc:
@@ -386,7 +371,7 @@ class _Replay:
                     duration[fin], jct[fin], out=np.ones(int(fin.sum())), where=jct[fin] > 0
                 )
                 xs.append(float(ratio.mean()))
-            gpu_s = _integral(*self.team_pts[name]) if name in self.team_pts else 0.0
+            gpu_s = self.timeline.team_gpu_seconds(name)
             avg_gpus = gpu_s / makespan if makespan > 0 else 0.0
             nom = nominal.get(name, 0.0)
             team_wait = wait[mine & waited]
@@ -452,45 +437,13 @@ class _Replay:
             "teams": rows,
         }
         series = Series(
-            **self._bucketed(names, start, makespan, max_points),
+            **self.timeline.bucketed(names, start, makespan, max_points),
             jct_s=jct_s,
             first_wait_s=first_wait_s,
             total_wait_s=total_wait_s,
             total_gpus=self.total,
         )
         return Summary(data=data, series=series)
-
-    def _bucketed(
-        self, names: list[str], start: float, makespan: float, max_points: int
-    ) -> dict[str, Any]:
-        """The recorded step functions as at most ``max_points`` time-weighted means."""
-        buckets = max(1, max_points) if makespan > 0 else 0
-        edges = np.linspace(start, start + makespan, buckets + 1)
-        t = np.frombuffer(self.ts)
-        team_gpus = {name: np.zeros(edges.size - 1) for name in names}
-        for name, (pt, pv) in self.team_pts.items():
-            team_gpus[name] = _bucket_means(np.frombuffer(pt), np.frombuffer(pv), edges)
-        return {
-            "t_s": (edges[:-1] + edges[1:]) / 2 - start,
-            "queue_len": _bucket_means(t, np.frombuffer(self.qs), edges),
-            "allocated_gpus": _bucket_means(t, np.frombuffer(self.als), edges),
-            "busy_gpus": _bucket_means(t, np.frombuffer(self.bus), edges),
-            "team_gpus": team_gpus,
-        }
-
-
-def _bucket_means(t: np.ndarray, v: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Time-weighted mean per bucket of the step function that is ``v[i]`` from ``t[i]``."""
-    if t.size == 0:
-        return np.zeros(max(edges.size - 1, 0))
-    integral = np.concatenate(([0.0], np.cumsum(v[:-1] * np.diff(t))))
-    return np.diff(np.interp(edges, t, integral, left=0.0)) / np.diff(edges)
-
-
-def _integral(t: array, v: array) -> float:
-    """Integral of the step function that is ``v[i]`` from ``t[i]`` up to ``t[-1]``."""
-    tt, vv = np.frombuffer(t), np.frombuffer(v)
-    return float((vv[:-1] * np.diff(tt)).sum())
 
 
 def _jain(xs: list[float]) -> float | None:
