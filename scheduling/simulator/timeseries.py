@@ -1,10 +1,11 @@
 """The step functions the report's plots are drawn from, and their bucketing.
 
-The metrics replay (`metrics._Replay`) records the queue length, the allocated and busy GPUs
-and each team's allocated GPUs as step functions, one point per distinct event time;
-`Timeline.bucketed` turns them into at most ``max_points`` time-weighted means, so a plot of
-a long run stays small while its area (GPU-seconds) stays exact. Apart from the summary
-figures because it is the one part of a summary that is a shape over time, not a number.
+The metrics replay (`metrics_replay.Replay`) records the queue length, the allocated and
+busy GPUs and each team's allocated GPUs as step functions, one point per distinct event
+time; `Timeline.bucketed` turns them into at most ``max_points`` time-weighted means, so a
+plot of a long run stays small while its area (GPU-seconds) stays exact. Apart from the
+summary figures because it is the one part of a summary that is a shape over time, not a
+number.
 """
 
 from __future__ import annotations
