@@ -38,7 +38,11 @@ def make_data(path: Path, n: int = 2000, seed: int = 0) -> None:
     x = np.stack([np.cos(t) + label * 1.0, np.sin(t) * (1 - 2 * label) + label * 0.5], axis=1)
     x += rng.normal(0, 0.15, x.shape)
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, x=x.astype(np.float32), y=label.astype(np.float32))
+    # Every rank of a gang without input writes the same file in the shared working folder:
+    # written whole elsewhere, then renamed, a rank never reads one half written (it did once).
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
+    np.savez(tmp, x=x.astype(np.float32), y=label.astype(np.float32))
+    os.replace(tmp, path)
 
 
 def init(hidden: int, seed: int) -> dict[str, np.ndarray]:
