@@ -143,6 +143,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--family-jobs", type=int, default=2000, help="jobs per synthetic case")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes (2)")
     p.add_argument(
+        "--checkpoint-s",
+        type=float,
+        default=None,
+        help="every job checkpoints this often: a preempted job resumes from its last checkpoint"
+        " (default: none, it restarts from zero); the same for every policy",
+    )
+    p.add_argument(
         "--quick",
         action="store_true",
         help="smoke-test sizes: one held-out Philly window of 1,500 jobs at 256 GPUs, seed 1 of"
@@ -167,6 +174,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(f"unknown families {unknown}; choose from {', '.join(FAMILIES)}")
     if args.jobs < 1 or args.seeds < 0 or args.windows < 1:
         p.error("--jobs and --windows must be >= 1, --seeds >= 0")
+    if args.checkpoint_s is not None and not (0 < args.checkpoint_s < float("inf")):
+        p.error(f"--checkpoint-s must be a number of seconds > 0, got {args.checkpoint_s}")
     return args
 
 
@@ -221,8 +230,9 @@ def family_cases(args: argparse.Namespace) -> list[Case]:
     ]
 
 
-def run_one(case: Case, policy: str) -> dict[str, Any]:
-    """One policy (or the oracle) on one case: its summary's numbers. Deterministic."""
+def run_one(case: Case, policy: str, checkpoint_s: float | None = None) -> dict[str, Any]:
+    """One policy (or the oracle) on one case: its summary's numbers. Deterministic. The
+    oracle preempts for free whatever `checkpoint_s` is."""
     cluster, teams, jobs = case.workload()
     if policy == ORACLE:
         started = time.perf_counter()
@@ -232,14 +242,14 @@ def run_one(case: Case, policy: str) -> dict[str, Any]:
         out["p99_first_wait_big_s"] = _p99(result.first_wait[big])
         out["wall_s"] = round(time.perf_counter() - started, 3)
         return out
-    return run_policy(Workload(cluster, teams, jobs), get_policy(policy))
+    return run_policy(Workload(cluster, teams, jobs), get_policy(policy), checkpoint_s)
 
 
-def run_policy(work: Workload, policy: Policy) -> dict[str, Any]:
+def run_policy(work: Workload, policy: Policy, checkpoint_s: float | None = None) -> dict[str, Any]:
     """A policy on a workload: its summary's numbers, the p99 first wait of big jobs, and the
-    cycles run. Deterministic."""
+    cycles run. Deterministic. `checkpoint_s`: as `simulate`'s (none: preempted work is lost)."""
     cluster, teams, jobs = work
-    sim = simulate(cluster, teams, jobs, policy)
+    sim = simulate(cluster, teams, jobs, policy, checkpoint_s=checkpoint_s)
     info = ClusterInfo({n.name: n.gpus for n in cluster.nodes})
     team_info = [TeamInfo(t.name, t.nominal.as_units()["gpus"], t.weight) for t in teams.values()]
     summary = summarize(sim.events, info, team_info, policy=policy.name, wall_s=sim.wall_s)
@@ -389,7 +399,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
         raise SystemExit("no cases to run: give a trace or some families and seeds")
     runs = [*args.policies, ORACLE]
     load_before, reference_before = round(machine()["load_average_1m"], 2), reference_ms()
-    results = _run_all(cases, runs, args.jobs, err)
+    results = _run_all(cases, runs, args.jobs, args.checkpoint_s, err)
     records = [case_figures(c, {p: results[c.name, p] for p in runs}, args.baseline) for c in cases]
     held_out = [r for r in records if r["role"] == "held-out"]
     tuning = [r for r in records if r["role"] == "tuning"]
@@ -413,6 +423,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
             "family_jobs": args.family_jobs,
             "parallel_jobs": args.jobs,
             "big_job_gpus": BIG_JOB_GPUS,
+            "checkpoint_s": args.checkpoint_s,
         },
         "machine": {
             **machine(),
@@ -442,7 +453,7 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
 
 
 def _run_all(
-    cases: list[Case], runs: list[str], jobs: int, err: Console
+    cases: list[Case], runs: list[str], jobs: int, checkpoint_s: float | None, err: Console
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """Every (case, policy) in `jobs` processes; Philly cases first, they take longest."""
     tasks = [(c, p) for c in cases for p in runs]
@@ -457,11 +468,11 @@ def _run_all(
         bar = progress.add_task("cases x policies", total=len(tasks))
         if jobs == 1:
             for case, policy in tasks:
-                results[case.name, policy] = run_one(case, policy)
+                results[case.name, policy] = run_one(case, policy, checkpoint_s)
                 progress.advance(bar)
         else:
             with ProcessPoolExecutor(max_workers=jobs) as pool:
-                futures = {pool.submit(run_one, c, p): (c.name, p) for c, p in tasks}
+                futures = {pool.submit(run_one, c, p, checkpoint_s): (c.name, p) for c, p in tasks}
                 for done in as_completed(futures):
                     results[futures[done]] = done.result()
                     progress.advance(bar)

@@ -130,6 +130,18 @@ def _case_rows(records: list[dict[str, Any]], baseline: str) -> list[list[str]]:
     return rows
 
 
+def _checkpoint_flag(cfg: dict[str, Any]) -> str:
+    every = cfg.get("checkpoint_s")
+    return "" if every is None else f" --checkpoint-s {every:g}"
+
+
+def _checkpoints(cfg: dict[str, Any]) -> str:
+    every = cfg.get("checkpoint_s")  # absent in reports written before the option
+    if every is None:
+        return "Preempted work is lost (no checkpoints; `--checkpoint-s` sets them)."
+    return f"Every job checkpoints every {every:g} s: a preempted job resumes from its last one."
+
+
 def markdown(report: dict[str, Any]) -> str:
     """quality.md: the held-out summary, the distance to the oracle, every case, the losses."""
     cfg, base = report["config"], report["config"]["baseline"]
@@ -139,12 +151,13 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Scheduling quality: each policy against `{base}`",
         "",
-        f"Written by `.venv/bin/python -m bench.quality{' --quick' if cfg['quick'] else ''}` at"
+        f"Written by `.venv/bin/python -m bench.quality{' --quick' if cfg['quick'] else ''}"
+        f"{_checkpoint_flag(cfg)}` at"
         f" commit {code['commit']} (scheduling/ modified: {code['scheduling_modified']}), on"
         f" {m['cpus_usable'] or m['cpus']} usable CPUs (load average {m['load_average_1m']}),"
         f" in {report['wall_s']:.0f} s. Philly: {cfg['philly']['source']}; cluster sizes"
         f" {cfg['philly']['gpus']}; families {', '.join(cfg['families'])}, seeds {cfg['seeds']},"
-        f" {cfg['family_jobs']} jobs each.",
+        f" {cfg['family_jobs']} jobs each. {_checkpoints(cfg)}",
         "",
         *(
             [
