@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from waiting import wait_for
 
 from berth.settings import settings
@@ -200,3 +201,35 @@ def test_a_launch_that_fails_ends_the_attempt_as_failed(store: Store) -> None:
     assert (st.state, st.attempt) == ("failed", 1)
     assert st.message.startswith("launch failed")
     assert store.usage()["vision"].gpus == 0  # nothing held
+
+
+def test_each_waiter_hears_its_status_in_its_own_context(store: Store) -> None:
+    """Airflow's triggerer routes a trigger's log records by context variables bound in the
+    trigger's task (structlog's `trigger_id`, as `run_trigger` binds it). The poller's cycle
+    runs in one task for every waiter: each waiter's "why it waits" must still be said in its
+    own context, or it lands in another job's task log."""
+    holder = _submit(store, "holder", 2, 4, HOUR)
+    _run_now(store, "holder", holder)
+    for i in range(3):
+        _submit(store, f"w{i}", 1, 1, 0.1)
+    heard: dict[str, set[Any]] = {}
+
+    async def one_trigger(trigger_id: int, job_id: str) -> JobStatus:
+        structlog.contextvars.bind_contextvars(trigger_id=trigger_id)  # as the triggerer does
+
+        def say(st: JobStatus) -> None:
+            where = structlog.contextvars.get_contextvars().get("trigger_id")
+            heard.setdefault(st.id, set()).add(where)
+
+        return await CyclePoller.of(store).wait(job_id, poll_s=HOUR, on_queued=say)
+
+    async def scenario() -> list[JobStatus]:
+        waits = [asyncio.create_task(one_trigger(100 + i, f"w{i}")) for i in range(3)]
+        while len(heard) < 3:
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(store.cancel, "holder", message="test")
+        return await asyncio.gather(*waits)
+
+    done = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert [st.state for st in done] == ["admitted"] * 3
+    assert heard == {f"w{i}": {100 + i} for i in range(3)}

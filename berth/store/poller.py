@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import math
 import time
 import weakref
@@ -53,6 +54,11 @@ class _Waiter:
     poll_s: float
     on_queued: Callable[[JobStatus], None] | None
     done: asyncio.Future[JobStatus] = field(repr=False)
+    # The waiter's own context: `on_queued` runs in it. Airflow's triggerer tells which
+    # trigger's log a record goes to by context variables bound in each trigger's task
+    # (structlog's `trigger_id`); called from the poller's task, every waiter's "why it waits"
+    # landed in the log of the trigger that happened to start the poller.
+    context: contextvars.Context = field(repr=False, default_factory=contextvars.copy_context)
 
 
 class CyclePoller:
@@ -109,7 +115,11 @@ class CyclePoller:
         waiter = _Waiter(job_id, poll_s, on_queued, asyncio.get_running_loop().create_future())
         self._waiters.add(waiter)
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="berth-cycle-poller")
+            # In a context of its own, not that of the waiter that happens to start it (whose
+            # task log would get whatever the poller's task logs).
+            self._task = asyncio.create_task(
+                self._run(), name="berth-cycle-poller", context=contextvars.Context()
+            )
         self.poke()  # a new waiter deserves a cycle now
         try:
             return await waiter.done
@@ -182,10 +192,10 @@ class CyclePoller:
                 )
             elif st.state == QUEUED:
                 if w.on_queued is not None:
-                    w.on_queued(st)
+                    w.context.run(w.on_queued, st)
             elif st.state != ADMITTED or await asyncio.to_thread(self.store.launchable, w.job_id):
                 w.done.set_result(st)
             else:  # admitted over victims still stopping: keep its lease while they stop
                 await asyncio.to_thread(self.store.heartbeat, w.job_id)
                 if w.on_queued is not None:
-                    w.on_queued(st)
+                    w.context.run(w.on_queued, st)
