@@ -432,7 +432,9 @@ def main(argv: Sequence[str] | None = None, console: Console | None = None) -> d
             "reference_ms_after": reference_ms(),
         },
         "code": code,
-        "code_changed_during_run": code != code_version(),
+        # The engine's code, not the commit: a commit elsewhere while the cases run (docs, the
+        # platform) changes no figure.
+        "code_changed_during_run": code["scheduling_sha256"] != code_version()["scheduling_sha256"],
         "wall_s": round(time.perf_counter() - started, 1),
         "metrics": [m.__dict__ for m in METRICS],
         "held_out": summarize_cases(held_out, args.policies, args.baseline),
