@@ -25,11 +25,14 @@ Usage, in a DAG:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from airflow.sdk import TaskGroup, TriggerRule
 
+from berth.spec import JobSpec, SpecError, parse_spec
 from operators.job import SpecArg
+from operators.params import FROM_PARAMS
 from operators.run import BerthRunOperator
 from operators.steps import (
     CleanupOperator,
@@ -45,7 +48,7 @@ STEPS = ("validate", "prepare_env", "stage_data", "run", "collect_artifacts", "c
 def gpu_job(
     spec: SpecArg,
     *,
-    group_id: str = "gpu_job",
+    group_id: str | None = None,
     poll_s: float = 2.0,
     heartbeat_s: float = 10.0,
     run_kwargs: dict[str, Any] | None = None,
@@ -53,9 +56,16 @@ def gpu_job(
 ) -> TaskGroup:
     """The lifecycle TaskGroup of one GPU job; `spec` is a JobSpec mapping or "params".
 
-    `run_kwargs` go to the run task (e.g. `pool` to override the team pool); its retries and
-    backoff follow the spec. Call it inside a DAG context.
+    A spec written in the DAG file is checked when the file is parsed: a bad one is a DAG
+    import error that names every problem, not a task failing at run time (a spec with Jinja
+    templates is checked once they are rendered, by the validate task). `group_id` defaults to
+    the job's name ("gpu_job" for "params"). `run_kwargs` go to the run task (e.g. `pool` to
+    override the team pool); its retries and backoff follow the spec. Call it inside a DAG
+    context.
     """
+    static = static_spec(spec)
+    if group_id is None:
+        group_id = static.name if static is not None else "gpu_job"
     with TaskGroup(group_id=group_id, tooltip=tooltip or f"Berth job {group_id}") as group:
         validate = ValidateSpecOperator(task_id="validate", spec=spec)
         prepare = PrepareEnvironmentOperator(task_id="prepare_env", spec=spec)
@@ -81,6 +91,36 @@ def gpu_job(
         collect.trigger_rule = cleanup.trigger_rule = TriggerRule.ALL_DONE
         validate >> prepare >> stage >> run >> collect >> cleanup
     return group
+
+
+def static_spec(spec: SpecArg) -> JobSpec | None:
+    """The parsed spec when the DAG file fixes it (a mapping without templates), else None;
+    raises ValueError naming every problem of a bad one, and of a string other than
+    FROM_PARAMS."""
+    if isinstance(spec, str):
+        if spec != FROM_PARAMS:
+            raise ValueError(
+                f"gpu_job: spec must be a mapping of JobSpec fields or {FROM_PARAMS!r} (the "
+                f"run's params), got the string {spec[:60]!r}"
+            )
+        return None
+    if _templated(spec):
+        return None
+    try:
+        return parse_spec(dict(spec))
+    except SpecError as e:
+        raise ValueError(f"gpu_job: the job spec cannot run:\n{e}") from None
+
+
+def _templated(value: Any) -> bool:
+    """True when a Jinja template sits anywhere in `value` (rendered only at run time)."""
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, Mapping):
+        return any(_templated(k) or _templated(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_templated(v) for v in value)
+    return False
 
 
 def task_id_in(group_id: str, step: str) -> str:

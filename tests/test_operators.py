@@ -247,3 +247,34 @@ def test_collect_artifacts_copies_files_and_folders_and_reports_missing(tmp_path
     assert sorted(f.path for f in got.files) == ["outputs/ckpt/step1", "outputs/metrics.json"]
     assert got.missing == ("outputs/model.npz",)
     assert (tmp_path / "d" / "outputs" / "ckpt" / "step1").read_text() == "w"
+
+
+def test_a_bad_spec_in_the_dag_file_fails_its_import_naming_every_problem() -> None:
+    from airflow.sdk import DAG
+
+    from operators import gpu_job
+
+    bad = {**SPEC, "name": "Bad_Name", "gpus_per_replica": -1}
+    with DAG("t_bad", schedule=None), pytest.raises(ValueError) as e:
+        gpu_job(bad)
+    said = str(e.value)
+    assert said.startswith("gpu_job: the job spec cannot run")
+    assert "name" in said and "gpus_per_replica" in said
+    with DAG("t_str", schedule=None), pytest.raises(ValueError, match="the string 'parms'"):
+        gpu_job("parms")
+    # Templates are rendered at run time: such a spec is checked then, by the validate task.
+    templated = {**bad, "command": ["python", "-c", "print('{{ ds }}')"]}
+    with DAG("t_templated", schedule=None) as dag:
+        gpu_job(templated, group_id="later")
+    assert "later.validate" in dag.task_dict
+
+
+def test_the_task_group_is_named_after_the_job() -> None:
+    from airflow.sdk import DAG
+
+    from operators import gpu_job
+
+    with DAG("t_named", schedule=None) as dag:
+        gpu_job({**SPEC, "name": "train-bert"})
+        gpu_job(FROM_PARAMS)
+    assert {"train-bert.run", "gpu_job.run"} <= set(dag.task_dict)
