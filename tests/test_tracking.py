@@ -48,6 +48,9 @@ def test_one_parent_run_and_a_nested_run_per_attempt(server, tmp_path):
     tracker.close_job(second, "succeeded", attempts=2)
 
     client = MlflowClient(server.uri)
+    # The UI opens it as model training, not as a GenAI experiment.
+    kind = client.get_experiment(first.experiment_id).tags.get("mlflow.experimentKind")
+    assert kind == "custom_model_development"
     runs = client.search_runs([first.experiment_id], "tags.`berth.job_id` = 'job-a'")
     by_kind = {}
     for r in runs:

@@ -43,6 +43,9 @@ STATUS = {
 }
 JOB_TAG, KIND_TAG, ATTEMPT_TAG = "berth.job_id", "berth.kind", "berth.attempt"
 PARENT_TAG = "mlflow.parentRunId"
+# MLflow 3's UI shows an experiment by its kind: untagged, it may open the GenAI view (traces,
+# evaluations) rather than runs, metrics and charts. Berth's experiments hold training runs.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 _MAX_PARAM = 6000  # MLflow's limit on a param value's length
 
 
@@ -251,7 +254,7 @@ class JobTracker:
         if exp is not None:
             return exp.experiment_id
         try:
-            return self.client.create_experiment(name)
+            return self.client.create_experiment(name, tags=EXPERIMENT_KIND)
         except MlflowException:
             exp = self.client.get_experiment_by_name(name)  # another task created it first
             if exp is None:
