@@ -6,7 +6,8 @@ REST API (`POST /api/v2/dags/berth_job/dagRuns`), as the trigger form would, on 
 inventory of two nodes with four GPUs each shared by three teams (config/). Among them: gangs,
 a job that must wait for its team's quota, and one that fails once and succeeds on its retry.
 It follows them to the end and prints, per job, its team, queue wait, placement, attempts,
-outcome and MLflow run, then where the Airflow UI is and how to log in.
+outcome and MLflow run, then where the Airflow UI is and how to log in. Work an earlier demo
+left going on the same BERTH_HOME is listed and ended before the new jobs go in.
 
 Usage: scripts/demo.sh            (this, after setting up the environment)
        scripts/demo.sh stop       (stop Airflow and MLflow)
@@ -27,6 +28,7 @@ from rich.table import Table
 
 from berth.settings import REPO_ROOT, settings
 from berth.store import JobStatus, Store
+from operators.release import release_job
 
 ROOT = REPO_ROOT
 TRAIN = str(ROOT / "dags" / "training" / "train_mlp.py")
@@ -100,6 +102,25 @@ def stop_services(env: dict[str, str]) -> None:
     subprocess.run([str(ROOT / "mlflow" / "server.sh"), "stop"], env=env, check=False)
 
 
+def end_earlier_runs(af: Airflow, store: Store) -> None:
+    """An earlier demo on this BERTH_HOME may have left work going (Airflow resumes its runs
+    when it starts again): it would take GPUs and Airflow's run slots without a word. Say what
+    was found, then end it: the Airflow runs marked failed, the jobs released (replicas
+    stopped, GPUs freed in the store)."""
+    found = af.call("GET", "/dags/berth_job/dagRuns", params={"state": ["queued", "running"]})
+    runs = [r["dag_run_id"] for r in found["dag_runs"]]
+    jobs = [st for st in store.jobs() if not st.terminal]
+    if not runs and not jobs:
+        return
+    console.rule("an earlier demo left work going: ending it first")
+    for run_id in runs:
+        af.call("PATCH", f"/dags/berth_job/dagRuns/{run_id}", json={"state": "failed"})
+        console.print(f"  Airflow run {run_id}: marked failed")
+    for st in jobs:
+        state = release_job(st.id, "left by an earlier demo; ended by scripts/demo.sh")
+        console.print(f"  job {st.id} (team {st.team}, was {st.state}): {state}")
+
+
 def job_of(store: Store, run_id: str) -> JobStatus | None:
     for st in store.jobs():
         if st.labels.get("run_id") == run_id:
@@ -154,6 +175,7 @@ def main() -> int:
     password = os.environ.get("BERTH_ADMIN_PASSWORD", "berth-admin")
     af = Airflow(url, "admin", password)
     af.wait_for_dag("berth_job")
+    end_earlier_runs(af, settings().store())
     af.call("PATCH", "/dags/berth_job", json={"is_paused": False})
     console.rule("launching 5 jobs through the REST API")
     runs: dict[str, str] = {}
