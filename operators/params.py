@@ -20,49 +20,174 @@ from berth.spec_fields import Topology
 FROM_PARAMS = "params"
 
 
+# The form's sections, in Airflow's trigger form order.
+JOB, RESOURCES, ENVIRONMENT, DATA, ADVANCED = "Job", "Resources", "Environment", "Data", "Advanced"
+NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label that starts with a letter
+
+
 def job_params(teams: list[str], default_command: list[str]) -> dict[str, Param]:
-    """Params for every JobSpec field a UI user needs; `teams` is the team enum."""
+    """Params for every JobSpec field a UI user needs; `teams` is the team enum.
+
+    The team has no default: a user picks one, or would be charged to the first team without
+    noticing (a REST call without it is refused, naming the field). Optional fields accept
+    null, so the form does not mark them required."""
+
+    def optional_list(title: str, section: str, description: str) -> Param:
+        return Param(
+            None,
+            type=["null", "array"],
+            items={"type": "string"},
+            title=title,
+            section=section,
+            description=description,
+        )
+
     return {
-        "name": Param("train-demo", type="string", description="Job name (lowercase, '-')."),
-        "team": Param(teams[0], type="string", enum=teams, description="Your team (quota)."),
+        "name": Param(
+            "train-demo",
+            type="string",
+            pattern=NAME_PATTERN,
+            maxLength=63,
+            title="Job name",
+            section=JOB,
+            description="Lowercase letters, digits and '-', starting with a letter; it names the "
+            "job's pods and MLflow runs.",
+        ),
+        "team": Param(
+            type="string",
+            enum=teams,
+            title="Team",
+            section=JOB,
+            description="Whose GPU quota the job uses.",
+        ),
         "command": Param(
             default_command,
             type="array",
             items={"type": "string"},
+            title="Command",
+            section=JOB,
             description="Program and arguments, one per line, e.g. python / train.py.",
         ),
-        "requirements": Param(
-            [],
-            type="array",
-            items={"type": "string"},
-            description="pip requirements of the job's environment (leave empty with an image).",
+        "priority": Param(
+            0,
+            type="integer",
+            minimum=-1000,
+            maximum=1000,
+            title="Priority",
+            section=JOB,
+            description="Within your team: higher goes first, and may preempt lower.",
         ),
-        "python": Param(None, type=["null", "string"], description="Python version, e.g. 3.11."),
-        "image": Param(
-            None, type=["null", "string"], description="Container image instead of requirements."
+        "replicas": Param(
+            1,
+            type="integer",
+            minimum=1,
+            title="Replicas",
+            section=RESOURCES,
+            description="Processes in the gang: all start together or none does.",
         ),
-        "replicas": Param(1, type="integer", minimum=1, description="Replicas in the gang."),
         "gpus_per_replica": Param(
-            1, type="number", exclusiveMinimum=0, description="Whole GPUs, or a share like 0.25."
+            1,
+            type="number",
+            exclusiveMinimum=0,
+            title="GPUs per replica",
+            section=RESOURCES,
+            description="Whole GPUs, or a share of one like 0.25.",
         ),
-        "cpus_per_replica": Param(1, type="number", exclusiveMinimum=0),
-        "memory_gb_per_replica": Param(4, type="number", exclusiveMinimum=0),
-        "topology": Param("any", type="string", enum=list(get_args(Topology))),
-        "priority": Param(0, type="integer", minimum=-1000, maximum=1000),
-        "retries": Param(0, type="integer", minimum=0, maximum=20),
-        "retry_backoff_s": Param(30, type="number", exclusiveMinimum=0),
-        "preemptible": Param(True, type="boolean"),
-        "time_limit_s": Param(None, type=["null", "number"]),
-        "inputs": Param(
-            [], type="array", items={"type": "string"}, description="file:///... inputs."
+        "cpus_per_replica": Param(
+            1,
+            type="number",
+            exclusiveMinimum=0,
+            title="CPUs per replica",
+            section=RESOURCES,
+            description="CPU cores each replica needs.",
         ),
-        "artifacts": Param(
-            [], type="array", items={"type": "string"}, description="Paths the job writes."
+        "memory_gb_per_replica": Param(
+            4,
+            type="number",
+            exclusiveMinimum=0,
+            title="Memory per replica (GB)",
+            section=RESOURCES,
+            description="Memory each replica needs, in GB.",
         ),
-        "env": Param({}, type="object", description="Extra environment, e.g. {SEED: '1'}."),
+        "topology": Param(
+            "any",
+            type="string",
+            enum=list(get_args(Topology)),
+            title="Topology",
+            section=RESOURCES,
+            description="The smallest domain every replica must share (node, rack, ...).",
+        ),
+        "preemptible": Param(
+            True,
+            type="boolean",
+            title="Preemptible",
+            section=RESOURCES,
+            description="May be stopped for a job of higher priority or for a team reclaiming "
+            "its quota (it goes back to the queue without using a retry).",
+        ),
+        "time_limit_s": Param(
+            None,
+            type=["null", "number"],
+            exclusiveMinimum=0,
+            title="Time limit (s)",
+            section=RESOURCES,
+            description="Stop a run after this long; a job with a limit may start sooner "
+            "(backfill).",
+        ),
+        "requirements": optional_list(
+            "pip requirements",
+            ENVIRONMENT,
+            "The job's Python environment, one requirement per line; leave empty with an image.",
+        ),
+        "python": Param(
+            None,
+            type=["null", "string"],
+            title="Python version",
+            section=ENVIRONMENT,
+            description="e.g. 3.11; empty: the platform's.",
+        ),
+        "image": Param(
+            None,
+            type=["null", "string"],
+            title="Container image",
+            section=ENVIRONMENT,
+            description="An image instead of pip requirements.",
+        ),
+        "env": Param(
+            None,
+            type=["null", "object"],
+            title="Environment variables",
+            section=ENVIRONMENT,
+            description="Extra variables for every replica, e.g. {SEED: '1'}.",
+        ),
+        "inputs": optional_list(
+            "Inputs", DATA, "Data staged before the job starts, e.g. file:///data/set.npz."
+        ),
+        "artifacts": optional_list(
+            "Artifacts", DATA, "Paths the job writes, kept after each attempt."
+        ),
+        "retries": Param(
+            0,
+            type="integer",
+            minimum=0,
+            maximum=20,
+            title="Retries",
+            section=ADVANCED,
+            description="Times a failed run is tried again (a preemption uses none).",
+        ),
+        "retry_backoff_s": Param(
+            30,
+            type="number",
+            exclusiveMinimum=0,
+            title="Retry backoff (s)",
+            section=ADVANCED,
+            description="Wait before a retry.",
+        ),
         "register_model": Param(
             None,
             type=["null", "object"],
+            title="Register a model",
+            section=ADVANCED,
             description="Register the model in MLflow: {name: ..., path: model}.",
         ),
     }
@@ -71,7 +196,7 @@ def job_params(teams: list[str], default_command: list[str]) -> dict[str, Param]
 def spec_from_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """A spec mapping from a run's params; unknown keys go through, so parse_spec names them."""
     spec = {k: v for k, v in params.items() if v is not None}
-    reqs = spec.pop("requirements", [])
+    reqs = spec.pop("requirements", None) or []
     python = spec.pop("python", None)
     if not spec.get("image"):
         spec.pop("image", None)

@@ -183,7 +183,12 @@ def test_job_from_params_fails_once_then_succeeds_on_retry(airflow_env: dict[str
 
 
 def test_bad_spec_fails_validate_at_once_and_queues_nothing(airflow_env: dict[str, str]) -> None:
-    conf = {"name": "bad-job", "gpus_per_replica": 1.5, "command": ["python train.py"]}
+    conf = {
+        "name": "bad-job",
+        "team": "vision",
+        "gpus_per_replica": 1.5,
+        "command": ["python train.py"],
+    }
     result, out = run_dag(airflow_env, "berth_job.py", conf)
     assert result["state"] == "failed"
     assert result["tis"]["job.validate"] == ["failed", 1]  # no retry

@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from berth.pools import team_pools
-from berth.spec import parse_spec
+from berth.spec import SpecError, parse_spec
 from operators.environment import env_key, prepare_environment
 from operators.job import job_id_for, resolve_spec
 from operators.launching import LaunchPlan
@@ -118,10 +118,20 @@ def test_job_id_is_deterministic_and_tells_runs_apart() -> None:
     assert a not in others and len(others) == 4
 
 
-def test_params_defaults_make_a_valid_spec_and_conf_overrides() -> None:
-    params = {k: p.value for k, p in job_params(sorted(TEAMS), ["python", "t.py"]).items()}
-    spec = parse_spec(spec_from_params(params))
+def _form_defaults(teams: list[str], command: list[str]) -> dict:
+    """The params a run gets from the form's defaults (a field with none is left out)."""
+    return {k: p.value for k, p in job_params(teams, command).items() if p.has_value}
+
+
+def test_params_defaults_make_a_valid_spec_once_a_team_is_picked() -> None:
+    params = _form_defaults(sorted(TEAMS), ["python", "t.py"])
+    # No default team: a user who does not pick one is told, not charged to the first team.
+    assert "team" not in params
+    with pytest.raises(SpecError, match="team"):
+        parse_spec(spec_from_params(params))
+    spec = parse_spec(spec_from_params({**params, "team": "language"}))
     assert spec.environment is not None and spec.image is None and spec.team == "language"
+    assert (tuple(spec.inputs), tuple(spec.artifacts), spec.env) == ((), (), {})
     conf = {**params, "team": "vision", "replicas": 2, "image": "ghcr.io/o/t:1", "env": {"A": "1"}}
     spec = parse_spec(spec_from_params(conf))
     assert (spec.image, spec.environment, spec.replicas, spec.env) == (
@@ -133,7 +143,7 @@ def test_params_defaults_make_a_valid_spec_and_conf_overrides() -> None:
 
 
 def test_bad_params_fail_without_retry_naming_the_field() -> None:
-    params = {k: p.value for k, p in job_params(["vision"], ["python"]).items()}
+    params = {**_form_defaults(["vision"], ["python"]), "team": "vision"}
     with pytest.raises(AirflowFailException) as e:
         resolve_spec(FROM_PARAMS, {"params": {**params, "replicas": 0, "topology": "rak"}})
     assert "replicas" in str(e.value) and "did you mean 'rack'" in str(e.value)
@@ -278,3 +288,17 @@ def test_the_task_group_is_named_after_the_job() -> None:
         gpu_job({**SPEC, "name": "train-bert"})
         gpu_job(FROM_PARAMS)
     assert {"train-bert.run", "gpu_job.run"} <= set(dag.task_dict)
+
+
+def test_the_trigger_form_has_sections_titles_and_descriptions_and_no_required_extras() -> None:
+    params = job_params(sorted(TEAMS), ["python", "t.py"])
+    sections = {p.schema.get("section") for p in params.values()}
+    assert sections == {"Job", "Resources", "Environment", "Data", "Advanced"}
+    assert all(p.schema.get("title") and p.description for p in params.values())
+    # Airflow's form marks a field required unless its type accepts null: only what every job
+    # must say is required, and the team is the one without a default.
+    required = {k for k, p in params.items() if "null" not in p.schema["type"]}
+    assert {"inputs", "artifacts", "requirements", "env", "image"}.isdisjoint(required)
+    no_default = {k for k, p in params.items() if p.dump()["value"] is None}
+    assert no_default & required == {"team"}
+    assert params["name"].schema["pattern"] and params["team"].schema["enum"] == sorted(TEAMS)
