@@ -287,7 +287,7 @@ def test_a_run_that_names_no_team_is_refused_before_anything_is_queued(platform:
     """The form has no default team (a user who did not pick one would be charged to the
     first team without noticing): Airflow's API refuses such a run, naming the field."""
     with pytest.raises(AssertionError) as e:
-        platform.airflow.trigger("berth_job", {"name": "no-team"})
+        platform.airflow.api.trigger("berth_job", {"name": "no-team"})
     assert "/dagRuns: 4" in str(e.value) and "team" in str(e.value)
     assert not [st for st in platform.store.jobs() if st.name == "no-team"]
 
