@@ -75,11 +75,18 @@ class Airflow:
         r.raise_for_status()
         self.http.headers["Authorization"] = f"Bearer {r.json()['access_token']}"
 
-    def call(self, method: str, path: str, **kw: Any) -> Any:
-        r = self.http.request(method, f"{self.url}/api/v2{path}", timeout=30, **kw)
-        if r.status_code >= 400:
-            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:500]}")
-        return r.json()
+    def call(self, method: str, path: str, *, idempotent: bool = False, **kw: Any) -> Any:
+        """One API call. `idempotent`: retried a few times on a database error (Airflow's
+        SQLite database, busy while Airflow stops many tasks, answers 500 "database is
+        locked" after its busy timeout); a call that is not is never repeated."""
+        for wait_s in (2, 4, 8, 16, None) if idempotent else (None,):
+            r = self.http.request(method, f"{self.url}/api/v2{path}", timeout=30, **kw)
+            if r.status_code < 400:
+                return r.json()
+            if wait_s is None or r.status_code != 500 or "Database error" not in r.text:
+                raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:500]}")
+            time.sleep(wait_s)
+        raise AssertionError("unreachable: the last try raises")
 
     def wait_for_dag(self, dag_id: str, timeout_s: float = 180) -> None:
         deadline = time.monotonic() + timeout_s
@@ -102,23 +109,42 @@ def stop_services(env: dict[str, str]) -> None:
     subprocess.run([str(ROOT / "mlflow" / "server.sh"), "stop"], env=env, check=False)
 
 
+ACTIVE_TASK_STATES = {"scheduled", "queued", "running", "deferred", "restarting", "up_for_retry"}
+
+
 def end_earlier_runs(af: Airflow, store: Store) -> None:
     """An earlier demo on this BERTH_HOME may have left work going (Airflow resumes its runs
     when it starts again): it would take GPUs and Airflow's run slots without a word. Say what
     was found, then end it: the Airflow runs marked failed, the jobs released (replicas
     stopped, GPUs freed in the store)."""
-    found = af.call("GET", "/dags/berth_job/dagRuns", params={"state": ["queued", "running"]})
+    active = {"state": ["queued", "running"]}
+    found = af.call("GET", "/dags/berth_job/dagRuns", params=active, idempotent=True)
     runs = [r["dag_run_id"] for r in found["dag_runs"]]
     jobs = [st for st in store.jobs() if not st.terminal]
     if not runs and not jobs:
         return
     console.rule("an earlier demo left work going: ending it first")
     for run_id in runs:
-        af.call("PATCH", f"/dags/berth_job/dagRuns/{run_id}", json={"state": "failed"})
+        path = f"/dags/berth_job/dagRuns/{run_id}"
+        af.call("PATCH", path, json={"state": "failed"}, idempotent=True)
         console.print(f"  Airflow run {run_id}: marked failed")
     for st in jobs:
         state = release_job(st.id, "left by an earlier demo; ended by scripts/demo.sh")
         console.print(f"  job {st.id} (team {st.team}, was {st.state}): {state}")
+    # Airflow stops those runs' task processes now: a burst of writes that, on its SQLite
+    # database, made the next trigger fail with "database is locked". Go on once they ended.
+    deadline = time.monotonic() + 180
+    while runs and time.monotonic() < deadline:
+        runs = [run_id for run_id in runs if _tasks_active(af, run_id)]
+        if runs:
+            time.sleep(1)
+    if runs:
+        console.print(f"  [yellow]tasks of {len(runs)} earlier runs still stopping; going on[/]")
+
+
+def _tasks_active(af: Airflow, run_id: str) -> bool:
+    got = af.call("GET", f"/dags/berth_job/dagRuns/{run_id}/taskInstances", idempotent=True)
+    return any(ti["state"] in ACTIVE_TASK_STATES for ti in got["task_instances"])
 
 
 def job_of(store: Store, run_id: str) -> JobStatus | None:
@@ -176,14 +202,27 @@ def main() -> int:
     af = Airflow(url, "admin", password)
     af.wait_for_dag("berth_job")
     end_earlier_runs(af, settings().store())
-    af.call("PATCH", "/dags/berth_job", json={"is_paused": False})
+    af.call("PATCH", "/dags/berth_job", json={"is_paused": False}, idempotent=True)
     console.rule("launching 5 jobs through the REST API")
     runs: dict[str, str] = {}
+    stamp = time.strftime("%Y%m%dT%H%M%S")
     for spec in JOBS:
-        body = {"logical_date": None, "conf": spec, "note": f"Berth demo: {spec['name']}"}
-        run = af.call("POST", "/dags/berth_job/dagRuns", json=body)
-        runs[spec["name"]] = run["dag_run_id"]
-        console.print(f"  {spec['name']:14} team {spec['team']:9} -> {run['dag_run_id']}")
+        # The run is named after the job (found by name in the UI), and naming it makes the
+        # POST safe to repeat: a retry of a run that was made after all answers 409.
+        run_id = f"{spec['name']}-{stamp}"
+        body = {
+            "dag_run_id": run_id,
+            "logical_date": None,
+            "conf": spec,
+            "note": f"Berth demo: {spec['name']} (team {spec['team']})",
+        }
+        try:
+            af.call("POST", "/dags/berth_job/dagRuns", json=body, idempotent=True)
+        except RuntimeError as e:
+            if ": 409 " not in str(e):
+                raise
+        runs[spec["name"]] = run_id
+        console.print(f"  {spec['name']:14} team {spec['team']:9} -> {run_id}")
     store = settings().store()
     states: dict[str, str] = {}
     deadline = time.monotonic() + 900
@@ -191,7 +230,8 @@ def main() -> int:
     with Live(progress_table(runs, states, store), console=console, refresh_per_second=1) as live:
         while time.monotonic() < deadline:
             for name, run_id in runs.items():
-                states[run_id] = af.call("GET", f"/dags/berth_job/dagRuns/{run_id}")["state"]
+                path = f"/dags/berth_job/dagRuns/{run_id}"
+                states[run_id] = af.call("GET", path, idempotent=True)["state"]
                 st = job_of(store, run_id)
                 reason = st.reason_code if st is not None and st.state == "queued" else None
                 if reason and reason not in waited[name]:
