@@ -88,6 +88,13 @@ class Airflow:
             time.sleep(wait_s)
         raise AssertionError("unreachable: the last try raises")
 
+    def berth(self, path: str) -> Any:
+        """The Berth plugin's REST API (plugins/berth_api), behind the same login."""
+        r = self.http.get(f"{self.url}/berth/api/v1{path}", timeout=30)
+        if r.status_code >= 400:
+            raise RuntimeError(f"GET /berth/api/v1{path}: {r.status_code} {r.text[:500]}")
+        return r.json()
+
     def wait_for_dag(self, dag_id: str, timeout_s: float = 180) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -267,6 +274,7 @@ def main() -> int:
         links.append(f"  {spec['name']:14} {mlflow_link(env['MLFLOW_TRACKING_URI'], st)}")
         ok = ok and st.state == "succeeded" and states.get(run_id) == "success"
     console.print(summary)
+    console.print(teams_table(af))
     console.print("MLflow runs (one parent run per job, a nested run per attempt):")
     console.print("\n".join(links), soft_wrap=True)
     console.print(
@@ -274,10 +282,31 @@ def main() -> int:
         f"MLflow UI:  {env['MLFLOW_TRACKING_URI']}\n"
         f"On-call:    .venv/bin/berth jobs --all; .venv/bin/berth job <id>; .venv/bin/berth usage"
         f"   (with BERTH_HOME={s.home})\n"
+        f"Berth API:  {url}/berth/api/v1/queue, /teams, /nodes, /jobs/<id> (an Airflow token: "
+        f"POST {url}/auth/token); its shapes at {url}/berth/docs\n"
+        f"Metrics:    {url}/berth/metrics (Prometheus)\n"
         "Airflow and MLflow keep running for you to look around; stop them with "
         "`scripts/demo.sh stop`."
     )
     return 0 if ok else 1
+
+
+def teams_table(af: Airflow) -> Table:
+    """The teams' quotas and use, as the Berth plugin in Airflow's API server answers them."""
+    table = Table(title="Teams, from the Berth plugin (GET /berth/api/v1/teams)")
+    for col in ("team", "held GPUs", "nominal", "ceiling", "borrowed", "queued", "running"):
+        table.add_column(col)
+    for t in af.berth("/teams")["teams"]:
+        table.add_row(
+            t["team"],
+            f"{t['held_gpus']:g}",
+            "-" if t["nominal_gpus"] is None else f"{t['nominal_gpus']:g}",
+            "-" if t["ceiling_gpus"] is None else f"{t['ceiling_gpus']:g}",
+            f"{t['borrowed_gpus']:g}",
+            str(t["queued"]),
+            str(t["running"]),
+        )
+    return table
 
 
 def mlflow_link(tracking_uri: str, st: JobStatus) -> str:

@@ -109,7 +109,7 @@ class AirflowDeployment:
         self.started: list[subprocess.Popen[bytes]] = []  # every group ever started, to stop
         self._generation: dict[str, int] = {}
         self._api: AirflowAPI | None = None
-        plugins = self.root / "plugins"  # none: the repo's plugins are not what is tested here
+        plugins = REPO / "plugins"  # the repo's, as scripts/airflow.sh points Airflow at them
         passwords = self.home / "simple_auth_manager_passwords.json"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "BERTH"))}
         self.env.pop("MLFLOW_TRACKING_URI", None)  # jobs untracked: keeps the deployment light
@@ -144,7 +144,6 @@ class AirflowDeployment:
         )
         self.home.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
-        plugins.mkdir(parents=True, exist_ok=True)
         passwords.write_text(json.dumps({USER: self.password}))
         passwords.chmod(0o600)
 

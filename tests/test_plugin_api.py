@@ -1,0 +1,499 @@
+"""The Berth plugin: its REST API and metrics against a real store, and the plugin in Airflow.
+
+The app is mounted at `/berth` in a bare FastAPI app as Airflow's API server mounts it, over a
+real SQLite store driven through a small history with explicit times (two jobs borrow, one is
+preempted to give a team its nominal back, a shared GPU, jobs never looked at, one finished).
+Airflow's login is swapped for a user who may do anything, except in the test that checks it
+is asked for; the deployment test at the end checks the real thing: the plugin loads in
+Airflow's API server, a token opens the API, no token or a viewer's token to cancel does not.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from airflow._shared.module_loading.file_discovery import find_path_from_directory
+from airflow.api_fastapi.core_api.security import get_user
+from airflow_server import AirflowDeployment
+from builders import cluster, teams
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_for
+
+from berth.settings import BerthSettings
+from berth.spec import JobSpec, parse_spec
+from berth.store import Store
+from plugins.berth_api import access, models, source
+from plugins.berth_api.app import create_app
+from scheduling.policy import BERTH
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER = cluster(nodes=2, gpus=4, groups=2)  # 2 nodes x 4 GPUs, 2 NVLink pairs each
+TEAMS = teams(a={"nominal": 4, "borrowing_limit": 4}, b=4)  # b's borrowing is unlimited
+FAST = replace(BERTH, name="berth-fast", min_runtime_s=0.0, preemption_delay_s=0.0)
+API = "/berth/api/v1"
+
+
+def spec(name: str, team: str, gpus: float, replicas: int = 1, priority: int = 0) -> JobSpec:
+    return parse_spec(
+        {
+            "name": name,
+            "team": team,
+            "image": "ghcr.io/org/train:1",
+            "command": ["python", "train.py"],
+            "gpus_per_replica": gpus,
+            "replicas": replicas,
+            "priority": priority,
+        }
+    )
+
+
+@dataclass
+class History:
+    victim: str  # a's job preempted to give b its nominal back; queued again
+    survivor: str  # a's other job, running
+
+
+def borrow(store: Store) -> None:
+    """t=0..2: team a takes all 8 GPUs, 4 of them borrowed from b's idle nominal."""
+    store.submit(spec("a1", "a", 4), job_id="a1", now=0.0)
+    store.submit(spec("a2", "a", 4), job_id="a2", now=0.5)
+    store.schedule(now=1.0)
+    store.mark_started("a1", 1, now=2.0)
+    store.mark_started("a2", 1, now=2.0)
+
+
+def reclaim(store: Store) -> History:
+    """t=10..11: b asks for 2 GPUs of its nominal; one of a's jobs is preempted (stopping)."""
+    store.submit(spec("b1", "b", 2), job_id="b1", now=10.0)
+    report = store.schedule(now=11.0)
+    assert report.admitted == ("b1",) and len(report.preempted) == 1, report
+    victim = report.preempted[0]
+    return History(victim=victim, survivor=({"a1", "a2"} - {victim}).pop())
+
+
+def settle(store: Store, h: History) -> None:
+    """t=12..21: the victim stops and waits again (its team has no quota left to borrow); two
+    half-GPU jobs share a GPU, one of them ends; d and e were never looked at by a cycle."""
+    store.finish(h.victim, "preempted", attempt=1, now=12.0)
+    store.schedule(now=13.0)
+    store.mark_started("b1", 1, now=13.5)
+    store.submit(spec("c", "b", 0.5), job_id="c", now=13.0)
+    store.submit(spec("f", "b", 0.5), job_id="f", now=13.0)
+    store.schedule(now=16.0)
+    store.mark_started("f", 1, now=16.5)
+    store.finish("f", "succeeded", exit_code=0, attempt=1, now=18.0)
+    store.submit(spec("d", "b", 1), job_id="d", now=20.0)
+    store.submit(spec("e", "b", 1, priority=10), job_id="e", now=21.0)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(f"sqlite:///{tmp_path}/berth.db", CLUSTER, TEAMS, FAST)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def history(store: Store) -> History:
+    borrow(store)
+    h = reclaim(store)
+    settle(store, h)
+    return h
+
+
+class Anyone:
+    """Stands in for Airflow's user: the auth manager itself is checked in the deployment."""
+
+    def get_name(self) -> str:
+        return "on-call"
+
+
+def mounted(store: Store, *, login: bool = False) -> TestClient:
+    app = create_app()
+    app.dependency_overrides[source.current_store] = lambda: store
+    if not login:
+        app.dependency_overrides[get_user] = Anyone
+        app.dependency_overrides[access.may_read] = lambda: None
+        app.dependency_overrides[access.may_cancel] = lambda: None
+    airflow = FastAPI()
+    airflow.mount("/berth", app)  # as Airflow's API server mounts a plugin's app
+    return TestClient(airflow)
+
+
+@pytest.fixture
+def client(store: Store) -> TestClient:
+    return mounted(store)
+
+
+def get(client: TestClient, path: str, status: int = 200) -> Any:
+    r = client.get(path)
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+# -- the API's answers ------------------------------------------------------------------------
+
+
+def test_teams_show_held_borrowed_and_quota(store: Store, client: TestClient) -> None:
+    borrow(store)
+    rows = {t.team: t for t in models.Teams.model_validate(get(client, f"{API}/teams")).teams}
+    assert rows["a"].model_dump() == {
+        "team": "a",
+        "nominal_gpus": 4.0,
+        "ceiling_gpus": 8.0,
+        "held_gpus": 8.0,
+        "borrowed_gpus": 4.0,
+        "stopping_gpus": 0.0,
+        "queued": 0,
+        "running": 2,
+    }
+    assert rows["b"].ceiling_gpus is None  # unlimited borrowing: null, not infinity
+    assert rows["b"].held_gpus == 0.0 and rows["b"].borrowed_gpus == 0.0
+
+    h = reclaim(store)
+    rows = {t.team: t for t in models.Teams.model_validate(get(client, f"{API}/teams")).teams}
+    assert (rows["a"].held_gpus, rows["a"].borrowed_gpus, rows["a"].stopping_gpus) == (4, 0, 4)
+    assert (rows["b"].held_gpus, rows["b"].running) == (2.0, 1)
+    settle(store, h)
+    rows = {t.team: t for t in models.Teams.model_validate(get(client, f"{API}/teams")).teams}
+    for name, u in store.usage().items():
+        assert rows[name].held_gpus == u.gpus and rows[name].queued == u.queued
+        assert rows[name].running == u.running
+    assert (rows["b"].held_gpus, rows["b"].queued, rows["b"].running) == (2.5, 2, 2)
+
+
+def test_the_queue_gives_reason_position_and_since_when(
+    history: History, client: TestClient
+) -> None:
+    queue = models.Queue.model_validate(get(client, f"{API}/queue"))
+    assert [(j.id, j.team, j.position) for j in queue.jobs] == [
+        (history.victim, "a", 1),
+        ("e", "b", 1),  # priority 10 goes before d, queued earlier at priority 0
+        ("d", "b", 2),
+    ]
+    victim, e, _ = queue.jobs
+    assert victim.reason is not None and victim.reason.code == "quota"
+    assert "team a" in (victim.reason.message or "")
+    # Since it was requeued after its preemption (t=12), not since it was submitted.
+    assert victim.waiting_since.timestamp() == 12.0
+    assert (e.reason, e.waiting_since.timestamp(), e.priority, e.gpus) == (None, 21.0, 10, 1.0)
+    assert "eta" not in victim.model_dump()  # a later piece of work: no placeholder
+
+    only_b = models.Queue.model_validate(get(client, f"{API}/queue?team=b"))
+    assert [j.id for j in only_b.jobs] == ["e", "d"]
+    assert "no team 'zzz'" in get(client, f"{API}/queue?team=zzz", 404)["detail"]
+
+
+def test_a_job_shows_placement_attempts_outcome_and_history(
+    store: Store, history: History, client: TestClient
+) -> None:
+    running = models.Job.model_validate(get(client, f"{API}/jobs/{history.survivor}"))
+    st = store.status(history.survivor)
+    assert running.state == "running" and running.attempts == 1
+    assert running.placement is not None and running.placement.level == st.level
+    assert [(r.node, r.gpus, r.share) for r in running.placement.replicas] == [
+        (r.node, list(r.gpus), None) for r in st.placement
+    ]
+    assert running.started_at is not None and running.started_at.timestamp() == 2.0
+
+    victim = models.Job.model_validate(get(client, f"{API}/jobs/{history.victim}"))
+    assert (victim.state, victim.preemptions, victim.placement) == ("queued", 1, None)
+    assert victim.outcome is not None and victim.outcome.outcome == "preempted"
+    assert victim.position == 1 and victim.reason is not None
+    assert [e.type for e in victim.events] == ["submit", "admit", "start", "preempt", "requeue"]
+    assert victim.events[3].data["by"] == "b1"
+
+    shared = models.Job.model_validate(get(client, f"{API}/jobs/c"))
+    assert shared.placement is not None and shared.placement.replicas[0].share == 0.5
+    done = models.Job.model_validate(get(client, f"{API}/jobs/f"))
+    assert done.state == "succeeded" and done.outcome == models.Outcome(
+        outcome="succeeded", exit_code=0, message=""
+    )
+    assert done.finished_at is not None and done.finished_at.timestamp() == 18.0
+
+    missing = get(client, f"{API}/jobs/no-such-job", 404)
+    assert "no job 'no-such-job'" in missing["detail"]
+
+
+def test_the_gpu_map_shows_who_holds_every_gpu(
+    store: Store, history: History, client: TestClient
+) -> None:
+    nodes = models.Nodes.model_validate(get(client, f"{API}/nodes")).nodes
+    assert [(n.name, len(n.gpus)) for n in nodes] == [(n.name, n.gpus) for n in CLUSTER.nodes]
+    drawn = {(n.name, g.index): g for n in nodes for g in n.gpus}
+    # Every GPU each placed job holds in the store is drawn with that job, and no other.
+    expected: dict[tuple[str, int], set[str]] = {key: set() for key in drawn}
+    for s in store.jobs(states=["admitted", "running", "preempting"]):
+        for r in s.placement:
+            for gpu in r.gpus:
+                expected[r.node, gpu].add(s.id)
+    assert {k: {h.job for h in g.holders} for k, g in drawn.items()} == expected
+    by_state = {g.state for g in drawn.values()}
+    assert by_state == {"free", "held", "shared"}
+    for g in drawn.values():
+        used = sum(h.share for h in g.holders)
+        assert g.free == pytest.approx(1.0 - used)
+        assert g.state == ("free" if not g.holders else "shared" if used < 1 else "held")
+    (shared,) = [g for g in drawn.values() if g.state == "shared"]
+    assert [(h.job, h.team, h.share) for h in shared.holders] == [("c", "b", 0.5)]
+    held = sum(h.share for g in drawn.values() for h in g.holders)
+    assert held == sum(u.gpus for u in store.usage().values()) == 6.5
+
+
+def test_a_stopping_victim_is_drawn_on_its_gpus(store: Store, client: TestClient) -> None:
+    borrow(store)
+    h = reclaim(store)
+    nodes = models.Nodes.model_validate(get(client, f"{API}/nodes")).nodes
+    states = {x.state for n in nodes for g in n.gpus for x in g.holders if x.job == h.victim}
+    assert states == {"preempting"}
+    # b1 was given 2 of the victim's GPUs: they count once, as stopping, until it has stopped.
+    assert by_name(scrape(client), "berth_cluster_gpus") == {
+        (("state", "free"),): 0.0,
+        (("state", "held"),): 4.0,
+        (("state", "stopping"),): 4.0,
+    }
+
+
+def test_cancel_ends_the_job_in_the_store(
+    store: Store, history: History, client: TestClient
+) -> None:
+    r = client.post(f"{API}/jobs/d/cancel")
+    assert r.status_code == 200, r.text
+    assert models.Job.model_validate(r.json()).state == "cancelled"
+    assert store.status("d").state == "cancelled"
+    assert store.events("d")[-1].data["message"] == "cancelled by on-call (Berth API)"
+    assert [j.id for j in models.Queue.model_validate(get(client, f"{API}/queue")).jobs] == [
+        history.victim,
+        "e",
+    ]
+
+    r = client.post(f"{API}/jobs/{history.survivor}/cancel")  # a running job: GPUs freed
+    assert r.status_code == 200 and store.status(history.survivor).state == "cancelled"
+    assert store.usage()["a"].gpus == 0.0
+    assert get(client, f"{API}/teams")["teams"][0]["held_gpus"] == 0.0
+
+    again = client.post(f"{API}/jobs/d/cancel")
+    assert again.status_code == 409 and "already ended (cancelled)" in again.json()["detail"]
+    ended = client.post(f"{API}/jobs/f/cancel")
+    assert ended.status_code == 409 and store.status("f").state == "succeeded"
+    missing = client.post(f"{API}/jobs/nope/cancel")
+    assert missing.status_code == 404 and "no job 'nope'" in missing.json()["detail"]
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+def scrape(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """(sample name, sorted labels) -> value, parsed by Prometheus' own parser."""
+    r = client.get("/berth/metrics")
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain; version=")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out[s.name, tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def by_name(samples: dict, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {labels: v for (n, labels), v in samples.items() if n == name}
+
+
+def test_metrics_parse_and_match_the_store(
+    store: Store, history: History, client: TestClient
+) -> None:
+    m = scrape(client)
+    # Pending, counted from the jobs themselves, not from the same aggregate query.
+    pending: dict[tuple[tuple[str, str], ...], float] = {}
+    for s in store.jobs(states=["queued"]):
+        key = (("reason", s.reason_code or "unexamined"), ("team", s.team))
+        pending[key] = pending.get(key, 0) + 1
+    assert (
+        by_name(m, "berth_pending_jobs")
+        == pending
+        == {
+            (("reason", "quota"), ("team", "a")): 1,
+            (("reason", "unexamined"), ("team", "b")): 2,
+        }
+    )
+    usage = store.usage()
+    for team, u in usage.items():
+        key = (("resource", "gpus"), ("team", team))
+        assert m["berth_team_resource_usage", key] == u.gpus
+        assert m["berth_team_nominal_quota", key] == u.nominal
+        assert m["berth_team_resource_borrowed", key] == u.borrowed
+        assert m["berth_admitted_active_jobs", (("team", team),)] == u.running
+    assert by_name(m, "berth_team_borrowing_limit") == {(("resource", "gpus"), ("team", "a")): 4}
+    assert by_name(m, "berth_cluster_gpus") == {
+        (("state", "free"),): 1.5,
+        (("state", "held"),): 6.5,
+        (("state", "stopping"),): 0.0,
+    }
+    assert by_name(m, "berth_evicted_jobs_total") == {(("reason", "preempted"), ("team", "a")): 1}
+    assert by_name(m, "berth_finished_jobs_total") == {(("outcome", "succeeded"), ("team", "b")): 1}
+    # Waits: a1 1 s, a2 0.5 s; b1 1 s, c and f 3 s (submitted at 13, admitted at 16). The
+    # victim's second admission has not happened, so it is not counted.
+    wait = "berth_admission_wait_time_seconds"
+    assert m[f"{wait}_count", (("team", "a"),)] == 2 and m[f"{wait}_sum", (("team", "a"),)] == 1.5
+    assert m[f"{wait}_count", (("team", "b"),)] == 3 and m[f"{wait}_sum", (("team", "b"),)] == 7
+    buckets = {
+        dict(k)["le"]: v for k, v in by_name(m, f"{wait}_bucket").items() if ("team", "b") in k
+    }
+    assert (buckets["1.0"], buckets["2.0"], buckets["4.0"], buckets["+Inf"]) == (1, 1, 3, 3)
+
+
+def test_every_scrape_reads_the_store_anew(
+    store: Store, history: History, client: TestClient
+) -> None:
+    before = scrape(client)
+    assert client.post(f"{API}/jobs/{history.survivor}/cancel").status_code == 200
+    store.schedule(now=30.0)  # the victim takes the freed GPUs back
+    after = scrape(client)
+    cancelled = ("berth_finished_jobs_total", (("outcome", "cancelled"), ("team", "a")))
+    assert cancelled not in before and after[cancelled] == 1
+    wait = ("berth_admission_wait_time_seconds_count", (("team", "a"),))
+    assert (before[wait], after[wait]) == (2, 3)
+    assert after["berth_admission_wait_time_seconds_sum", (("team", "a"),)] == 1.5 + 18.0
+
+
+# -- login and layers -------------------------------------------------------------------------
+
+
+def test_the_api_asks_for_an_airflow_login_and_metrics_do_not(
+    store: Store, history: History
+) -> None:
+    client = mounted(store, login=True)
+    for path in ("teams", "queue", "nodes", "jobs/d"):
+        r = client.get(f"{API}/{path}")
+        assert r.status_code == 401, (path, r.text)
+    r = client.post(f"{API}/jobs/d/cancel")
+    assert r.status_code == 401 and store.status("d").state == "queued"
+    assert client.get("/berth/metrics").status_code == 200
+
+
+def test_every_route_and_shape_is_documented(client: TestClient) -> None:
+    spec = get(client, "/berth/openapi.json")
+    routes = {(path, method) for path, ops in spec["paths"].items() for method in ops}
+    assert routes == {
+        ("/api/v1/teams", "get"),
+        ("/api/v1/queue", "get"),
+        ("/api/v1/jobs/{job_id}", "get"),
+        ("/api/v1/nodes", "get"),
+        ("/api/v1/jobs/{job_id}/cancel", "post"),
+        ("/metrics", "get"),
+    }
+    ok = {path: ops[next(iter(ops))]["responses"] for path, ops in spec["paths"].items()}
+    assert ok["/api/v1/jobs/{job_id}/cancel"].keys() >= {"200", "404", "409"}
+    schema = ok["/api/v1/teams"]["200"]["content"]["application/json"]["schema"]
+    assert schema == {"$ref": "#/components/schemas/Teams"}
+    assert {"Teams", "Queue", "QueuedJob", "Job", "Nodes", "Gpu"} <= spec["components"][
+        "schemas"
+    ].keys()
+
+
+def test_airflow_loads_only_the_registration_and_it_builds_nothing() -> None:
+    """Airflow imports each `.py` of its plugins folder as a top-level module named after the
+    file (`models.py` would become `sys.modules["models"]`), in every process, tasks too."""
+    seen = find_path_from_directory(REPO / "plugins", ".airflowignore", "glob")
+    assert [Path(p).relative_to(REPO / "plugins").as_posix() for p in seen] == ["berth_plugin.py"]
+    probe = (
+        "import sys, plugins.berth_plugin as p; "
+        "print(sorted(m for m in ('fastapi', 'plugins.berth_api') if m in sys.modules)); "
+        "p.BerthPlugin().fastapi_apps; "
+        "print(sorted(m for m in ('fastapi', 'plugins.berth_api') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    printed = [ln for ln in done.stdout.splitlines() if ln.startswith("[")]  # not Airflow's log
+    assert printed == ["[]", "['fastapi', 'plugins.berth_api']"]
+
+
+# -- the plugin in a real Airflow -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowDeployment, Path]]:
+    """Airflow's API server alone (the plugin lives there), with the repo's plugins folder, an
+    admin and a viewer; its Berth home holds the store the test writes to."""
+    root = tmp_path_factory.mktemp("airflow")
+    dags = root / "dags"
+    dags.mkdir()
+    home = root / "berth"
+    af = AirflowDeployment(
+        root,
+        dags,
+        home,
+        extra_env={"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer"},
+    )
+    try:
+        af.migrate()
+        af.start("api-server")
+        af.wait_healthy(("api-server",))
+        yield af, home
+    finally:
+        af.stop()
+
+
+def token(af: AirflowDeployment, user: str) -> str:
+    passwords = af.home / "simple_auth_manager_passwords.json"
+    # The auth manager writes a password for the viewer when the API server starts.
+    password = wait_for(
+        lambda: json.loads(passwords.read_text()).get(user), f"{user}'s password", 60
+    )
+    r = requests.post(
+        f"{af.url}/auth/token", json={"username": user, "password": password}, timeout=30
+    )
+    r.raise_for_status()
+    return str(r.json()["access_token"])
+
+
+def test_the_plugin_loads_in_airflow_behind_its_login(
+    airflow: tuple[AirflowDeployment, Path],
+) -> None:
+    af, home = airflow
+    plugins = af.api.call("GET", "/plugins")["plugins"]
+    berth = [p for p in plugins if p["name"] == "berth"]
+    assert len(berth) == 1, plugins
+    assert [(a["name"], a["url_prefix"]) for a in berth[0]["fastapi_apps"]] == [("Berth", "/berth")]
+    assert af.api.call("GET", "/plugins/importErrors")["import_errors"] == []
+
+    # The store the API server reads: the same settings, from the same BERTH_HOME.
+    store = BerthSettings.from_env({"BERTH_HOME": str(home)}).store()
+    store.submit(spec("from-dag", "vision", 1), job_id="from-dag", labels={"dag_id": "train"})
+    queue = f"{af.url}{API}/queue"
+    assert requests.get(queue, timeout=30).status_code == 401
+    bad = {"Authorization": "Bearer not-a-token"}
+    assert requests.get(queue, headers=bad, timeout=30).status_code == 403
+
+    admin = {"Authorization": f"Bearer {token(af, 'admin')}"}
+    viewer = {"Authorization": f"Bearer {token(af, 'viewer')}"}
+    for who in (admin, viewer):
+        r = requests.get(queue, headers=who, timeout=30)
+        assert r.status_code == 200, af.log_tails()
+        assert [j["id"] for j in r.json()["jobs"]] == ["from-dag"]
+
+    cancel = f"{af.url}{API}/jobs/from-dag/cancel"
+    r = requests.post(cancel, headers=viewer, timeout=30)
+    assert r.status_code == 403 and "DAG 'train'" in r.json()["detail"]
+    assert store.status("from-dag").state == "queued"
+    r = requests.post(cancel, headers=admin, timeout=30)
+    assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+    assert store.status("from-dag").state == "cancelled"
+
+    metrics = requests.get(f"{af.url}/berth/metrics", timeout=30)
+    assert metrics.status_code == 200
+    names = {f.name for f in text_string_to_metric_families(metrics.text)}
+    assert {"berth_pending_jobs", "berth_finished_jobs", "berth_cluster_gpus"} <= names
+    assert 'berth_finished_jobs_total{outcome="cancelled",team="vision"} 1.0' in metrics.text
