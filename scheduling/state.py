@@ -154,6 +154,33 @@ class EngineState:
         wait = enqueued if since is None else max(since, enqueued)
         return self._enqueue(Pending(job, enqueued, seq, not_before=not_before, since=wait))
 
+    def clone(self) -> EngineState:
+        """An independent copy (a forward run on it leaves this state as it is: the ETA,
+        scheduling/eta.py). Gangs held in part (baseline policies only) are not copied."""
+        if self.holds:
+            raise StateError("a state with held gangs cannot be cloned (baseline policies)")
+        new = EngineState(self.cluster, self.teams, self.policy)
+        for run in self.running_by_start:
+            origin = self._origin[run.job.id]
+            new.restore_running(
+                run.job,
+                run.placement,
+                run.start_time,
+                run.preemptions,
+                enqueued=origin.enqueued,
+                seq=origin.seq,
+            )
+        # What else holds capacity (GPUs of other workloads, or of victims still stopping, as
+        # the store's mirror takes them) stays held: the copy takes this one's free capacity.
+        new.capacity = self.capacity.clone()
+        for p in self.pending.values():
+            new._enqueue(p)  # immutable: shared
+        new._seq = self._seq
+        new.preemptions = dict(self.preemptions)
+        new.reservations = dict(self.reservations)
+        new.last_preempted = dict(self.last_preempted)
+        return new
+
     def _check_new(self, job: Job) -> None:
         if job.id in self.pending or job.id in self.running or job.id in self.holds:
             raise StateError(f"job {job.id} is already known")

@@ -246,6 +246,37 @@ def test_the_loop_checks_its_state_against_a_rebuild_as_it_goes(loop_url: str) -
         store.close()
 
 
+def test_the_loop_estimates_the_waiting_jobs_starts(loop_url: str) -> None:
+    """ETAs are written after cycles (and only then: a quiet store is not estimated again
+    before ETA_STALE_S), outside the store's versions, so they wake no cycle."""
+    store = open_store(loop_url)
+    loop = SchedulingLoop(open_store(loop_url), check_s=0.05, eta_every_s=0.01)
+    try:
+        n = 0
+        with running(loop):
+            while True:  # until one waits after a cycle looked at it: the cluster is full
+                store.submit(spec_for(n), job_id=job_id(n))
+                _until(
+                    lambda n=n: (
+                        store.status(job_id(n)).reason_code is not None
+                        or store.status(job_id(n)).state != "queued"
+                    )
+                )
+                n += 1
+                waiting = [s.id for s in store.jobs(states=["queued"]) if s.reason_code]
+                if waiting:
+                    break
+            _until(lambda: set(store.etas(waiting)) == set(waiting), timeout=20.0)
+            cycles = loop.stats.cycles
+            time.sleep(0.5)
+            assert loop.stats.cycles == cycles  # writing ETAs woke no cycle
+        for job, eta in store.etas(waiting).items():
+            assert eta.at >= eta.computed_at and eta.basis in ("limits", "estimate"), (job, eta)
+        assert loop.stats.errors == 0 and loop.stats.etas >= len(waiting)
+    finally:
+        store.close()
+
+
 def test_a_loop_whose_state_drifted_stops_with_the_difference(loop_url: str) -> None:
     store = open_store(loop_url)
     loop = SchedulingLoop(open_store(loop_url), check_s=0.05, self_check_every_s=3600.0)

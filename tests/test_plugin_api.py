@@ -135,8 +135,8 @@ def client(store: Store) -> TestClient:
     return mounted(store)
 
 
-def get(client: TestClient, path: str, status: int = 200) -> Any:
-    r = client.get(path)
+def get(client: TestClient, path: str, status: int = 200, **kw: Any) -> Any:
+    r = client.get(path, **kw)
     assert r.status_code == status, r.text
     return r.json()
 
@@ -172,8 +172,8 @@ def test_teams_show_held_borrowed_and_quota(store: Store, client: TestClient) ->
     assert (rows["b"].held_gpus, rows["b"].queued, rows["b"].running) == (2.5, 2, 2)
 
 
-def test_the_queue_gives_reason_position_and_since_when(
-    history: History, client: TestClient
+def test_the_queue_gives_reason_position_since_when_and_eta(
+    store: Store, history: History, client: TestClient
 ) -> None:
     queue = models.Queue.model_validate(get(client, f"{API}/queue"))
     assert [(j.id, j.team, j.position) for j in queue.jobs] == [
@@ -187,7 +187,20 @@ def test_the_queue_gives_reason_position_and_since_when(
     # Since it was requeued after its preemption (t=12), not since it was submitted.
     assert victim.waiting_since.timestamp() == 12.0
     assert (e.reason, e.waiting_since.timestamp(), e.priority, e.gpus) == (None, 21.0, 10, 1.0)
-    assert "eta" not in victim.model_dump()  # a later piece of work: no placeholder
+    assert victim.eta is None  # no estimate yet: the scheduling loop makes them
+
+    # As the loop does: the engine run forward from the store's state (scheduling/eta.py).
+    assert store.estimate_starts(now=30.0) == 3
+    queue = models.Queue.model_validate(get(client, f"{API}/queue"))
+    etas = {j.id: j.eta for j in queue.jobs}
+    assert all(eta is not None and eta.computed_at.timestamp() == 30.0 for eta in etas.values())
+    # e fits now: no job end to wait for, nothing guessed; the victim waits for running jobs
+    # to end, and none has a time limit: an estimate.
+    assert (etas["e"].at.timestamp(), etas["e"].basis) == (30.0, "limits")
+    assert etas[history.victim].at.timestamp() > 30.0
+    assert etas[history.victim].basis == "estimate"
+    job = models.Job.model_validate(get(client, f"{API}/jobs/{history.victim}"))
+    assert job.eta == queue.jobs[0].eta
 
     only_b = models.Queue.model_validate(get(client, f"{API}/queue?team=b"))
     assert [j.id for j in only_b.jobs] == ["e", "d"]
@@ -290,6 +303,51 @@ def test_cancel_ends_the_job_in_the_store(
     assert missing.status_code == 404 and "no job 'nope'" in missing.json()["detail"]
 
 
+def test_a_task_instance_finds_the_job_of_its_gpu_job_group(
+    store: Store, client: TestClient
+) -> None:
+    """As Airflow's UI asks for the job of any task of a `gpu_job` group (the "Berth job" view
+    on a task instance): by the labels the run task gave the job (operators/job.py)."""
+
+    def submitted(job_id: str, run: str, task: str, map_index: int = -1) -> None:
+        labels = {"dag_id": "train", "run_id": run, "task_id": task, "map_index": str(map_index)}
+        store.submit(spec(job_id, "a", 1), job_id=job_id, labels=labels)
+
+    submitted("r1", "run-1", "resnet.run")
+    submitted("b1", "run-1", "bert.run")
+    submitted("r2", "run-2", "resnet.run")
+    submitted("m0", "run-1", "sweep.run", map_index=0)
+    submitted("m1", "run-1", "sweep.run", map_index=1)
+    store.submit(spec("cli", "a", 1), job_id="cli")  # no labels: no DAG submitted it
+
+    def found(**query: Any) -> list[str]:
+        got = models.JobRefs.model_validate(get(client, f"{API}/jobs", params=query))
+        return [j.id for j in got.jobs]
+
+    run1 = {"dag_id": "train", "run_id": "run-1"}
+    assert found(**run1) == ["r1", "b1", "m0", "m1"]
+    for task in ("resnet.run", "resnet.validate", "resnet.cleanup"):
+        assert found(**run1, task_id=task) == ["r1"], task
+    assert found(dag_id="train", run_id="run-2", task_id="resnet.stage_data") == ["r2"]
+    assert found(**run1, task_id="sweep.run", map_index=1) == ["m1"]
+    assert found(**run1, task_id="report") == []  # a task in no group submitted nothing
+    assert found(dag_id="other", run_id="run-1") == []
+    ref = models.JobRefs.model_validate(get(client, f"{API}/jobs", params=run1)).jobs[2]
+    assert (ref.task_id, ref.map_index, ref.state) == ("sweep.run", 0, "queued")
+    assert get(client, f"{API}/jobs", 422, params={"dag_id": "train"})  # run_id is required
+
+
+def test_the_pages_are_static_files_under_a_strict_policy(client: TestClient) -> None:
+    for path in ("queues", "cluster", "jobs/any-id", "task?dag_id=d&run_id=r"):
+        r = client.get(f"/berth/ui/{path}")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        policy = r.headers["content-security-policy"]
+        assert "script-src 'self';" in policy and "frame-ancestors 'self'" in policy
+        assert "<script>" not in r.text  # only script files: the policy allows no inline one
+    for asset in ("berth.js", "berth.css", "queues.js", "icons/cluster.svg"):
+        assert client.get(f"/berth/ui/static/{asset}").status_code == 200, asset
+
+
 # -- metrics ----------------------------------------------------------------------------------
 
 
@@ -387,6 +445,7 @@ def test_every_route_and_shape_is_documented(client: TestClient) -> None:
     assert routes == {
         ("/api/v1/teams", "get"),
         ("/api/v1/queue", "get"),
+        ("/api/v1/jobs", "get"),
         ("/api/v1/jobs/{job_id}", "get"),
         ("/api/v1/nodes", "get"),
         ("/api/v1/jobs/{job_id}/cancel", "post"),

@@ -85,6 +85,15 @@ def job(job_id: Annotated[str, typer.Argument(help="the job's id")]) -> None:
         out.print(f"  waiting: {s.reason_code or 'not yet looked at'}: {s.reason_message or ''}")
         if s.position is not None:
             out.print(f"  position {s.position} in team {s.team}'s queue")
+        eta = store.etas([s.id]).get(s.id)
+        if eta is not None:
+            basis = "from time limits" if eta.basis == "limits" else "estimated from run times"
+            out.print(
+                f"  expected start: {_clock(eta.at)} UTC ({basis}; computed "
+                f"{_clock(eta.computed_at)}, if no job that goes before it arrives)"
+            )
+        else:
+            out.print("  expected start: not known (no estimate yet, or too far ahead to say)")
     if s.placement:
         out.print(f"  placement ({s.level}): {_placement(s)}")
     if s.waits_for:

@@ -30,6 +30,10 @@ def scheduler(
     self_check_every_s: Annotated[
         float, typer.Option(help="compare the in-memory state with a rebuild this often")
     ] = 600.0,
+    eta_every_s: Annotated[
+        float,
+        typer.Option(help="estimate the waiting jobs' starts this often (0: never)"),
+    ] = 30.0,
     max_cycles: Annotated[int | None, typer.Option(help="stop after this many cycles")] = None,
 ) -> None:
     """Run the scheduling loop until stopped (SIGTERM, Ctrl-C)."""
@@ -37,7 +41,11 @@ def scheduler(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     loop = SchedulingLoop(
-        settings().store(), ttl_s=ttl_s, check_s=check_s, self_check_every_s=self_check_every_s
+        settings().store(),
+        ttl_s=ttl_s,
+        check_s=check_s,
+        self_check_every_s=self_check_every_s,
+        eta_every_s=eta_every_s,
     )
 
     def stop(signum: int, _frame: object) -> None:

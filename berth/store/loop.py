@@ -12,6 +12,8 @@ died, or lost the database). The leader:
   cycle if anything changed since its last one (a burst of changes shares one cycle, and its
   own commit's wake-up finds nothing new);
 - renews its lease every `ttl_s / 3`; its cycles commit only while it holds it (a fence);
+- estimates every waiting job's start every `eta_every_s` when cycles ran since (at least every
+  `ETA_STALE_S`, as running jobs age): the engine run forward from its state (etas.py);
 - reaps dead workers' attempts every `reap_every_s`, and compares its state with a rebuild
   every `self_check_every_s` (`Store.self_check`), raising if they differ: the process exits
   and a standby takes over with a fresh build.
@@ -37,6 +39,7 @@ from berth.store.wakeup import Listener, listen
 
 log = logging.getLogger(__name__)
 STOP_SLICE_S = 0.5  # the longest a stopped loop sleeps on
+ETA_STALE_S = 300.0  # ETAs are estimated again this often even when nothing was decided
 
 
 @dataclass
@@ -44,6 +47,7 @@ class LoopStats:
     cycles: int = 0
     skipped: int = 0  # woken, but nothing had changed since the last cycle
     self_checks: int = 0
+    etas: int = 0  # jobs with an ETA at the last estimate
     errors: int = 0
     leader_since: float | None = None
     last: CycleReport | None = field(default=None, repr=False)
@@ -61,6 +65,7 @@ class SchedulingLoop:
         reap_every_s: float = 30.0,
         worker_lease_s: float = DEFAULT_LEASE_S,
         self_check_every_s: float = 600.0,
+        eta_every_s: float = 30.0,
         holder: str = "",
     ) -> None:
         for name, value in (("ttl_s", ttl_s), ("check_s", check_s)):
@@ -72,6 +77,7 @@ class SchedulingLoop:
         self.reap_every_s = reap_every_s
         self.worker_lease_s = worker_lease_s
         self.self_check_every_s = self_check_every_s
+        self.eta_every_s = eta_every_s  # 0: no ETAs
         self.stats = LoopStats()
         self.stop = threading.Event()
 
@@ -81,7 +87,8 @@ class SchedulingLoop:
 
     def run(self, max_cycles: int | None = None) -> LoopStats:
         listener = listen(self.store.engine)
-        renew_at = last_reap = last_check = last_cycle = -math.inf
+        renew_at = last_reap = last_check = last_cycle = last_eta = -math.inf
+        eta_cycles = -1
         next_wakeup: float | None = None
         woken = True
         try:
@@ -118,6 +125,13 @@ class SchedulingLoop:
                                 last_cycle = now
                             else:
                                 self.stats.skipped += 1
+                        if (
+                            self.eta_every_s > 0
+                            and now - last_eta >= self.eta_every_s
+                            and (eta_cycles != self.stats.cycles or now - last_eta >= ETA_STALE_S)
+                        ):
+                            last_eta, eta_cycles = now, self.stats.cycles
+                            self._estimate(now)
                         if now - last_check >= self.self_check_every_s:
                             self.store.self_check()  # MirrorDiverged propagates: a bug
                             self.stats.self_checks += 1
@@ -142,6 +156,15 @@ class SchedulingLoop:
             if self.leader:
                 self.lease.release()
         return self.stats
+
+    def _estimate(self, now: float) -> None:
+        """Refresh the ETAs; a failure is logged, not fatal: they only inform."""
+        try:
+            self.stats.etas = self.store.estimate_starts(now)
+        except AssertionError:
+            raise
+        except Exception:
+            log.exception("estimating the waiting jobs' starts failed")
 
     def _sleep(self, listener: Listener, timeout: float) -> bool:
         """Until woken (True) or `timeout`; in slices, so that `stop` is seen within one."""

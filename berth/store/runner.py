@@ -28,6 +28,7 @@ from berth.store.mirror import GapError, Mirror, News
 from berth.store.schema import engine_row
 from berth.store.views import CycleReport
 from scheduling.policy import Policy
+from scheduling.state import EngineState
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -96,6 +97,11 @@ class CycleRunner:
                 # from asking for the lock to the commit's end: what others may wait for
                 return replace(report, locked_ms=(time.perf_counter() - asked) * 1000.0)
         raise AssertionError("unreachable: the last try decides under the lock")
+
+    def forward_state(self, view: ClusterView) -> EngineState:
+        """A copy of the engine's state as of the last commit, for a forward run (the ETA)."""
+        with self._one_at_a_time:
+            return self._caught_up(view).state.clone()
 
     def changed(self) -> bool:
         """Whether anything was committed since the last cycle (or there was none)."""

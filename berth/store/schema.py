@@ -10,6 +10,7 @@
   with the store version its transaction made.
 - `engine`: a single row (id 1): reservations, cycle count, the queue sequence, the version;
   its row lock is the store's lock on PostgreSQL.
+- `etas`: each waiting job's estimated start, written by the scheduling loop (etas.py).
 
 Times are seconds since the epoch (floats), as the engine counts them. There are no migrations
 yet: `Store` creates missing tables (`metadata.create_all`); Alembic comes with the first
@@ -151,6 +152,18 @@ engine_row = Table(
     Column("next_seq", Integer, nullable=False, default=1),  # queue order across all teams
     # Bumped once by every transaction that writes events, and by every cycle (audit.py).
     Column("version", Integer, nullable=False, default=0),
+)
+
+# Each waiting job's estimated start, from the engine run forward (scheduling/eta.py): written
+# by the scheduling loop now and then (etas.py), outside the store's lock and its versions (an
+# estimate is not a change to the queue). A job without a row: none yet, or too far ahead.
+etas = Table(
+    "etas",
+    metadata,
+    Column("job_id", ID, primary_key=True),
+    Column("at", Float, nullable=False),
+    Column("basis", String(16), nullable=False),  # limits | estimate
+    Column("computed_at", Float, nullable=False),
 )
 
 # Who runs the scheduling loop (loop.py): one holder at a time, for `expires_at`; renewed by its

@@ -38,9 +38,10 @@ from typing import Any
 from sqlalchemy import Connection, func, select, update
 
 from berth.spec import JobSpec, check_spec
-from berth.store import lifecycle
+from berth.store import etas, lifecycle
 from berth.store.audit import read_events
 from berth.store.database import connect, create_schema, locked, reading
+from berth.store.etas import StoredEta
 from berth.store.lease import Lease
 from berth.store.positions import queue_positions
 from berth.store.runner import CycleRunner
@@ -185,6 +186,16 @@ class Store:
         """Run one scheduling cycle and write its decisions (runner.py, apply.py); with a
         `lease` (the scheduling loop's), only while it is held (LeaseLost otherwise)."""
         return self.runner.schedule(self._view(), _now(now), lease)
+
+    def estimate_starts(self, now: float | None = None) -> int:
+        """Estimate every waiting job's start by running the engine forward from the state of
+        the last commit (scheduling/eta.py) and store it (etas.py); returns how many got one.
+        The scheduling loop calls it now and then; it takes no lock and changes no version."""
+        return etas.refresh(self, self.runner.forward_state(self._view()), _now(now))
+
+    def etas(self, job_ids: Iterable[str]) -> dict[str, StoredEta]:
+        """The last estimated start of each of `job_ids` that has one."""
+        return etas.read(self, list(job_ids))
 
     def changed(self) -> bool:
         """Whether anything was committed since this Store's last cycle (or it has none)."""

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from berth.store import Event, JobStatus, PlacedReplica, TeamUsage
+from berth.store.etas import StoredEta
 
 GPU_UNIT = 1000  # the store's shares are in milli-GPUs
 
@@ -74,6 +75,24 @@ class Teams(BaseModel):
     teams: list[Team]
 
 
+class Eta(BaseModel):
+    """When the job is expected to start: the engine run forward from the state at
+    `computed_at` with no new arrivals (scheduling/eta.py; its error: bench/eta_error.py)."""
+
+    at: datetime
+    basis: str = Field(
+        description="limits: every job end it waits for is a time limit (or it waits for none"
+        "); estimate: some come from the teams' past run times"
+    )
+    computed_at: datetime
+
+    @classmethod
+    def of(cls, eta: StoredEta | None) -> Eta | None:
+        if eta is None:
+            return None
+        return cls(at=utc(eta.at), basis=eta.basis, computed_at=utc(eta.computed_at))
+
+
 class QueuedJob(BaseModel):
     """A job waiting for admission."""
 
@@ -89,9 +108,10 @@ class QueuedJob(BaseModel):
     waiting_since: datetime = Field(
         description="when it last entered the queue: submitted, preempted, lost or retried"
     )
+    eta: Eta | None = Field(description="null: no estimate yet, or too far ahead to say")
 
     @classmethod
-    def of(cls, s: JobStatus, waiting_since: float) -> QueuedJob:
+    def of(cls, s: JobStatus, waiting_since: float, eta: StoredEta | None = None) -> QueuedJob:
         assert s.position is not None, f"{s.id} is {s.state}, not queued"
         return cls(
             id=s.id,
@@ -104,6 +124,7 @@ class QueuedJob(BaseModel):
             reason=Reason.of(s),
             position=s.position,
             waiting_since=utc(waiting_since),
+            eta=Eta.of(eta),
         )
 
 
@@ -168,6 +189,7 @@ class Job(BaseModel):
     topology: str
     reason: Reason | None = Field(description="why it waits (queued jobs only)")
     position: int | None = Field(description="its place in its team's queue while queued")
+    eta: Eta | None = Field(description="its expected start while queued, if estimated")
     placement: Placement | None = Field(description="where it holds GPUs, while it does")
     waits_for: list[str] = Field(description="jobs still stopping on its GPUs before launch")
     attempts: int = Field(description="admissions so far")
@@ -182,7 +204,7 @@ class Job(BaseModel):
     events: list[JobEvent] = Field(description="its audit log, oldest first")
 
     @classmethod
-    def of(cls, s: JobStatus, events: Iterable[Event]) -> Job:
+    def of(cls, s: JobStatus, events: Iterable[Event], eta: StoredEta | None = None) -> Job:
         placement = None
         if s.placement:
             placement = Placement(level=s.level, replicas=[Replica.of(r) for r in s.placement])
@@ -200,6 +222,7 @@ class Job(BaseModel):
             topology=s.spec.topology,
             reason=Reason.of(s),
             position=s.position,
+            eta=Eta.of(eta) if s.state == "queued" else None,
             placement=placement,
             waits_for=list(s.waits_for),
             attempts=s.attempt,
@@ -213,6 +236,34 @@ class Job(BaseModel):
             finished_at=_utc_or_none(s.finished_at),
             events=[JobEvent.of(e) for e in events],
         )
+
+
+class JobRef(BaseModel):
+    """A job found by where it came from: enough to name it and open its page."""
+
+    id: str
+    name: str
+    team: str
+    state: str
+    task_id: str | None = Field(description="the Airflow task that submitted it (its label)")
+    map_index: int | None = Field(description="the mapped task's index; null: not mapped")
+
+    @classmethod
+    def of(cls, s: JobStatus) -> JobRef:
+        index = s.labels.get("map_index", "-1")
+        mapped = index.lstrip("-").isdigit() and int(index) >= 0
+        return cls(
+            id=s.id,
+            name=s.name,
+            team=s.team,
+            state=s.state,
+            task_id=s.labels.get("task_id"),
+            map_index=int(index) if mapped else None,
+        )
+
+
+class JobRefs(BaseModel):
+    jobs: list[JobRef]
 
 
 class Holder(BaseModel):

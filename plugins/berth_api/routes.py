@@ -15,8 +15,9 @@ from berth.store.aggregates import holdings, queued_since
 from berth.store.schema import CANCELLED, QUEUED
 from plugins.berth_api.access import CANCEL, READ
 from plugins.berth_api.gpu_map import gpu_map
-from plugins.berth_api.models import Job, Nodes, Queue, QueuedJob, Team, Teams
+from plugins.berth_api.models import Job, JobRef, JobRefs, Nodes, Queue, QueuedJob, Team, Teams
 from plugins.berth_api.source import StoreDep
+from plugins.berth_api.tasks import belongs_to
 
 router = APIRouter(prefix="/api/v1", dependencies=READ, tags=["Berth"])
 
@@ -40,13 +41,37 @@ def queue(store: StoreDep, team: str | None = None) -> Queue:
     # Read after the jobs: each of them entered the queue before, so each has a time here.
     since = queued_since(store, [s.id for s in waiting])
     waiting.sort(key=lambda s: (s.team, s.position or 0))
-    return Queue(jobs=[QueuedJob.of(s, since.get(s.id, s.submitted_at)) for s in waiting])
+    etas = store.etas(s.id for s in waiting)
+    return Queue(
+        jobs=[QueuedJob.of(s, since.get(s.id, s.submitted_at), etas.get(s.id)) for s in waiting]
+    )
+
+
+@router.get("/jobs")
+def jobs_of_task(
+    store: StoreDep,
+    dag_id: str,
+    run_id: str,
+    task_id: str | None = None,
+    map_index: int | None = None,
+) -> JobRefs:
+    """The jobs a DAG run submitted (with `task_id`: the one of that task's `gpu_job` group;
+    with `map_index`: of that mapped instance), oldest first, found by their labels.
+
+    Every job's labels are read: the store has no index on them, so this is for opening one
+    task's job from Airflow's UI, not for polling."""
+    found = [
+        s
+        for s in store.jobs()
+        if belongs_to(s.labels, dag_id, run_id, task_id=task_id, map_index=map_index)
+    ]
+    return JobRefs(jobs=[JobRef.of(s) for s in found])
 
 
 @router.get("/jobs/{job_id}", responses=NO_JOB)
 def job(job_id: str, store: StoreDep) -> Job:
     """One job: state, why it waits or where it runs, attempts, last outcome, its history."""
-    return Job.of(_status(store, job_id), store.events(job_id))
+    return Job.of(_status(store, job_id), store.events(job_id), store.etas([job_id]).get(job_id))
 
 
 @router.get("/nodes")

@@ -86,6 +86,7 @@ def simulate(
     restart_cost_s: float = RESTART_COST_S,
     progress: Progress | None = None,
     shortcuts: Shortcuts = FAST,
+    observe: Callable[[float, EngineState, list[dict]], None] | None = None,
 ) -> SimulationResult:
     """Run the whole trace; returns the event log (see docs/simulator.md for its format).
 
@@ -95,6 +96,8 @@ def simulate(
     ``kept_s``, so the metrics can count the work preemption lost. Raises ``ValueError`` on a
     negative or non-finite restart cost. ``shortcuts``: ``EXACT`` runs every cycle without
     the engine's speed shortcuts (scheduling/shortcuts.py), to check that they change nothing.
+    ``observe(t, state, events)`` is called at each new instant before its events, with the
+    state and the event log as the instants before left them (read them, do not change them).
     """
     if not (math.isfinite(restart_cost_s) and restart_cost_s >= 0):
         raise ValueError(f"restart_cost_s must be a finite number >= 0, got {restart_cost_s}")
@@ -119,7 +122,11 @@ def simulate(
     total = len(trace)
 
     last = None  # the last cycle's result: new jobs it already settles need no new cycle
+    observed = -math.inf
     while heap:
+        if observe is not None and heap[0][0] != observed:
+            observed = heap[0][0]
+            observe(observed, state, events)
         now = heap[0][0]
         changed = False
         while heap and heap[0][0] == now:
