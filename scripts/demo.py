@@ -282,6 +282,8 @@ def main() -> int:
         f"MLflow UI:  {env['MLFLOW_TRACKING_URI']}\n"
         f"On-call:    .venv/bin/berth jobs --all; .venv/bin/berth job <id>; .venv/bin/berth usage"
         f"   (with BERTH_HOME={s.home})\n"
+        f"Berth:      {url}/plugin/berth-queues (GPU queues) and {url}/plugin/berth-cluster "
+        "(cluster map), in Airflow's UI and its menu\n"
         f"Berth API:  {url}/berth/api/v1/queue, /teams, /nodes, /jobs/<id> (an Airflow token: "
         f"POST {url}/auth/token); its shapes at {url}/berth/docs\n"
         f"Metrics:    {url}/berth/metrics (Prometheus)\n"

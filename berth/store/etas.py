@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 HISTORY = 500  # finished attempts per team the run times are learned from
 # A forward run is bounded: past these, a job has no ETA ("too far ahead to say").
 HORIZON_S = 14 * 86_400.0
-MAX_CYCLES = 2000
+MAX_CYCLES = 500
 _IDS_PER_QUERY = 5000
 
 

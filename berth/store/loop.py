@@ -78,6 +78,7 @@ class SchedulingLoop:
         self.worker_lease_s = worker_lease_s
         self.self_check_every_s = self_check_every_s
         self.eta_every_s = eta_every_s  # 0: no ETAs
+        self._estimating: threading.Thread | None = None
         self.stats = LoopStats()
         self.stop = threading.Event()
 
@@ -153,18 +154,27 @@ class SchedulingLoop:
                 woken = self._sleep(listener, timeout)
         finally:
             listener.close()
+            if self._estimating is not None:
+                self._estimating.join()  # it reads and writes the store: not past the stop
             if self.leader:
                 self.lease.release()
         return self.stats
 
     def _estimate(self, now: float) -> None:
-        """Refresh the ETAs; a failure is logged, not fatal: they only inform."""
-        try:
-            self.stats.etas = self.store.estimate_starts(now)
-        except AssertionError:
-            raise
-        except Exception:
-            log.exception("estimating the waiting jobs' starts failed")
+        """Refresh the ETAs in a thread of their own, one at a time: a forward run over a long
+        queue takes seconds (decision 0016), while cycles must go on. Its only moment under
+        the runner's lock is the copy of the state. A failure is logged, not fatal."""
+        if self._estimating is not None and self._estimating.is_alive():
+            return  # the last one is still running: the next tick starts a fresh one
+
+        def run() -> None:
+            try:
+                self.stats.etas = self.store.estimate_starts(now)
+            except Exception:
+                log.exception("estimating the waiting jobs' starts failed")
+
+        self._estimating = threading.Thread(target=run, name="berth-eta", daemon=True)
+        self._estimating.start()
 
     def _sleep(self, listener: Listener, timeout: float) -> bool:
         """Until woken (True) or `timeout`; in slices, so that `stop` is seen within one."""
