@@ -13,6 +13,8 @@ and nothing secret is written into a DAG or a trigger's serialized kwargs:
   and `config/teams.yaml` in this repository). With `BERTH_RUNTIME=kubernetes` the cluster is
   discovered from the nodes when `BERTH_CLUSTER` is unset or `discover`
   (berth/runtime/kubernetes/live.py), and what other workloads hold is taken off it.
+- `BERTH_ACCESS`: who may use which team, an access.yaml of Airflow users per team
+  (berth/access.py; unset: every user may use every team).
 - `BERTH_POLICY_FILE`: the scheduling policy, a policy.yaml (scheduling/policy_file.py; the
   same file `berth simulate --policy-file` reads); unset: the `berth` policy.
 - `BERTH_RUNTIME`: `local` (the embedded default) or `kubernetes` (pods in each team's
@@ -46,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from berth.access import Access, load_access
 from scheduling.cluster import Cluster
 from scheduling.config import load_cluster, load_teams
 from scheduling.policy import BERTH, Policy
@@ -85,6 +88,7 @@ class BerthSettings:
     artifacts_s3_prefix: str | None = None
     kube_settings_path: Path | None = None
     policy_path: Path | None = None
+    access_path: Path | None = None  # who may use which team (berth/access.py)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BerthSettings:
@@ -115,6 +119,7 @@ class BerthSettings:
             if env.get("BERTH_KUBE_SETTINGS")
             else None,
             policy_path=Path(env["BERTH_POLICY_FILE"]) if env.get("BERTH_POLICY_FILE") else None,
+            access_path=Path(env["BERTH_ACCESS"]) if env.get("BERTH_ACCESS") else None,
         )
 
     # Folders under BERTH_HOME, one per kind of thing the lifecycle keeps.
@@ -154,6 +159,11 @@ class BerthSettings:
 
     def teams(self) -> dict[str, Team]:
         return _teams(self.teams_path)
+
+    def access(self) -> Access | None:
+        """BERTH_ACCESS, read once (AccessError names the file, the field and the fix); None
+        without one: every user may use every team."""
+        return _access(self.access_path, self.teams_path) if self.access_path else None
 
     def store(self) -> Store:
         """One Store (one connection pool) per process and settings."""
@@ -253,6 +263,11 @@ def _cluster(path: Path) -> Cluster:
 @cache
 def _teams(path: Path) -> dict[str, Team]:
     return load_teams(path)
+
+
+@cache
+def _access(path: Path, teams_path: Path) -> Access:
+    return load_access(path, _teams(teams_path))
 
 
 @cache

@@ -14,8 +14,9 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from berth.access import check, user_of
 from berth.spec import JobSpec, SpecError, check_spec, parse_spec
-from operators.context import settings
+from operators.context import BerthSettings, settings
 from operators.params import FROM_PARAMS, spec_from_params
 
 SpecArg = Mapping[str, Any] | str
@@ -62,10 +63,22 @@ def job_id_for(context: Mapping[str, Any], run_task_id: str, name: str) -> str:
 def labels_for(context: Mapping[str, Any], run_task_id: str) -> dict[str, str]:
     """Where the job came from, for on-call reading the store."""
     ti = context["ti"]
-    return {
+    labels = {
         "dag_id": ti.dag_id,
         "run_id": ti.run_id,
         "task_id": run_task_id,
         "map_index": str(getattr(ti, "map_index", -1)),
         "try_number": str(ti.try_number),
     }
+    user = user_of(context.get("dag_run"))
+    if user is not None:
+        labels["triggered_by"] = user
+    return labels
+
+
+def check_team_access(s: BerthSettings, team: str, context: Mapping[str, Any]) -> None:
+    """Fail the task at once (no retry can help) when the user who triggered the run may not
+    use the job's team (BERTH_ACCESS, berth/access.py): before anything is queued."""
+    refusal = check(s.access(), user_of(context.get("dag_run")), team)
+    if refusal is not None:
+        raise AirflowFailException(refusal)

@@ -58,7 +58,8 @@ def job_params(teams: list[str], default_command: list[str]) -> dict[str, Param]
             enum=teams,
             title="Team",
             section=JOB,
-            description="Whose GPU quota the job uses.",
+            description="Whose GPU quota the job uses: one of your teams (where the admins "
+            "list who may use which team, another team's is refused before anything is queued).",
         ),
         "command": Param(
             default_command,

@@ -28,7 +28,7 @@ from berth.spec import JobSpec, SpecError
 from berth.store import DuplicateJobError, JobStatus
 from operators.context import settings
 from operators.environment import spec_for_launch
-from operators.job import SpecArg, job_id_for, labels_for, resolve_spec
+from operators.job import SpecArg, check_team_access, job_id_for, labels_for, resolve_spec
 from operators.launching import (
     Launched,
     LaunchFailed,
@@ -95,6 +95,7 @@ class BerthRunOperator(BaseOperator):
     def execute(self, context: Context) -> Any:
         s = settings()
         spec = resolve_spec(self.spec, context, cluster=s.cluster(), teams=s.teams())
+        check_team_access(s, spec.team, context)  # also here: a run task may stand alone
         job_id = self._job_id = job_id_for(context, self.task_id, spec.name)
         # Before the job is queued: a build or staging done here must not run while the job
         # holds GPUs it cannot use yet.

@@ -16,7 +16,14 @@ from airflow.sdk.exceptions import AirflowFailException
 from berth.spec import JobSpec
 from berth.store import UnknownJobError
 from operators.context import settings
-from operators.job import SpecArg, job_id_for, labels_for, raw_spec, resolve_spec
+from operators.job import (
+    SpecArg,
+    check_team_access,
+    job_id_for,
+    labels_for,
+    raw_spec,
+    resolve_spec,
+)
 from operators.preparing import failing_fast, prepare, stage
 from operators.release import release_job
 from operators.staging import collect_attempt
@@ -60,6 +67,7 @@ class ValidateSpecOperator(_SpecStep):
     def execute(self, context: Context) -> dict[str, Any]:
         s = settings()
         spec = resolve_spec(self.spec, context, cluster=s.cluster(), teams=s.teams())
+        check_team_access(s, spec.team, context)
         if s.runtime_kind == "kubernetes" and spec.environment is not None:
             _check_buildable(spec)
         self.log.info(

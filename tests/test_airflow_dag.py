@@ -110,6 +110,7 @@ def test_gang_job_runs_the_training_and_succeeds(airflow_env: dict[str, str]) ->
         [job] = [j for j in store.jobs() if j.labels.get("dag_id") == "t_gang"]
         assert job.state == "succeeded" and job.attempt == 1 and job.exit_code == 0
         assert job.labels["run_id"] == result["run_id"]
+        assert job.labels["triggered_by"] == "dag_test"  # the user dag.test() runs as
         # A placement on declared GPUs: two replicas, one node (topology: node), distinct GPUs.
         assert len(job.placement) == 2 and len(job.nodes) == 1
         node = CLUSTER.by_name[job.nodes[0]]
@@ -198,6 +199,25 @@ def test_bad_spec_fails_validate_at_once_and_queues_nothing(airflow_env: dict[st
     with store_of(airflow_env) as store:
         assert [j for j in store.jobs() if j.labels.get("run_id") == result["run_id"]] == []
         assert [j for j in store.jobs() if j.name == "bad-job"] == []
+
+
+def test_a_user_outside_the_team_is_refused_before_anything_is_queued(
+    airflow_env: dict[str, str], tmp_path: Path
+) -> None:
+    """With BERTH_ACCESS set, the user who triggered the run (dag.test() runs as 'dag_test')
+    must be one of the job's team: validate fails at once naming the user, the team and the
+    fix, and nothing reaches the store."""
+    access = tmp_path / "access.yaml"
+    access.write_text("teams:\n  vision: [alice]\n  research: [dag_test]\n")
+    conf = {"name": "not-mine", "team": "vision", "command": ["python", str(TRAIN)]}
+    result, out = run_dag({**airflow_env, "BERTH_ACCESS": str(access)}, "berth_job.py", conf)
+    assert result["state"] == "failed"
+    assert result["tis"]["job.validate"] == ["failed", 1]  # no retry
+    assert result["tis"]["job.run"][0] == "upstream_failed"
+    assert "user 'dag_test' may not submit jobs to team 'vision' (your teams: research)" in out
+    assert f"add 'dag_test' under teams.vision in {access}" in out
+    with store_of(airflow_env) as store:
+        assert [j for j in store.jobs() if j.name == "not-mine"] == []
 
 
 BARE_RUN_DAG = """

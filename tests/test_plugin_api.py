@@ -490,11 +490,16 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowD
     dags = root / "dags"
     dags.mkdir()
     home = root / "berth"
+    access = root / "access.yaml"  # who may use which team: admin vision, viewer research
+    access.write_text("teams:\n  vision: [admin]\n  research: [viewer]\n")
     af = AirflowDeployment(
         root,
         dags,
         home,
-        extra_env={"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer"},
+        extra_env={
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
+            "BERTH_ACCESS": str(access),
+        },
     )
     try:
         af.migrate()
@@ -550,6 +555,14 @@ def test_the_plugin_loads_in_airflow_behind_its_login(
     r = requests.post(cancel, headers=admin, timeout=30)
     assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
     assert store.status("from-dag").state == "cancelled"
+    # Airflow lets the admin change every DAG's runs, but BERTH_ACCESS keeps research's jobs
+    # to research's users.
+    store.submit(spec("theirs", "research", 1), job_id="theirs", labels={"dag_id": "train"})
+    r = requests.post(f"{af.url}{API}/jobs/theirs/cancel", headers=admin, timeout=30)
+    detail = r.json()["detail"]
+    assert r.status_code == 403 and "user 'admin' may not cancel jobs of team 'research'" in detail
+    assert "your teams: vision" in detail and "teams.research" in detail, detail
+    assert store.status("theirs").state == "queued"
 
     metrics = requests.get(f"{af.url}/berth/metrics", timeout=30)
     assert metrics.status_code == 200

@@ -10,7 +10,8 @@ manager's decision:
   state, as Airflow's own cluster activity page), which viewers have;
 - cancelling a job is changing a run of the DAG that submitted it (its `dag_id` label), the
   permission that failing that DAG run in Airflow asks for; a job no DAG submitted (the CLI,
-  a script) needs that permission on every DAG.
+  a script) needs that permission on every DAG. Where an access file lists who may use which
+  team (BERTH_ACCESS, berth/access.py), the user must also be one of the job's team.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_vi
 from airflow.models.dag import DagModel
 from fastapi import Depends, HTTPException, Request, status
 
+from berth.settings import settings
 from berth.store import UnknownJobError
 from plugins.berth_api.source import StoreDep
 
@@ -32,10 +34,13 @@ may_read = requires_access_view(AccessView.CLUSTER_ACTIVITY)
 
 
 def may_cancel(job_id: str, request: Request, user: GetUserDep, store: StoreDep) -> None:
-    """403 unless the user may change runs of the job's DAG. An unknown job is checked as one
-    no DAG submitted, so that only who could cancel it learns that it does not exist."""
+    """403 unless the user may change runs of the job's DAG and, where BERTH_ACCESS lists who
+    may use which team, is one of the job's team. An unknown job is checked as one no DAG
+    submitted, so that only who could cancel it learns that it does not exist."""
+    berth_team = None
     try:
-        dag_id = store.status(job_id).labels.get("dag_id") or None
+        status_ = store.status(job_id)
+        dag_id, berth_team = status_.labels.get("dag_id") or None, status_.team
     except UnknownJobError:
         dag_id = None
     team = DagModel.get_team_name(dag_id) if dag_id else None
@@ -50,6 +55,13 @@ def may_cancel(job_id: str, request: Request, user: GetUserDep, store: StoreDep)
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
             f"Forbidden: cancelling job {job_id!r} needs the right to change the runs of {whose}",
+        )
+    teams = settings().access()  # who may use which team (BERTH_ACCESS), when it is set
+    name = user.get_name()
+    if berth_team is not None and teams is not None and not teams.allows(name, berth_team):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"Forbidden: {teams.refusal(name, berth_team, doing='cancel jobs of')}",
         )
 
 
