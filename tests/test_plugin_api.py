@@ -11,6 +11,7 @@ Airflow's API server, a token opens the API, no token or a viewer's token to can
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,11 +28,13 @@ from builders import cluster, teams
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select
 from waiting import wait_for
 
 from berth.settings import BerthSettings
 from berth.spec import JobSpec, parse_spec
 from berth.store import Store
+from berth.store.schema import engine_row
 from plugins.berth_api import access, models, source
 from plugins.berth_api.app import create_app
 from scheduling.policy import BERTH
@@ -408,6 +411,34 @@ def test_metrics_parse_and_match_the_store(
         dict(k)["le"]: v for k, v in by_name(m, f"{wait}_bucket").items() if ("team", "b") in k
     }
     assert (buckets["1.0"], buckets["2.0"], buckets["4.0"], buckets["+Inf"]) == (1, 1, 3, 3)
+    # The loop's pulse: cycles committed and when the last one was; no ETA estimated yet.
+    with store.engine.connect() as conn:
+        count, last = conn.execute(select(engine_row.c.cycles, engine_row.c.last_cycle_at)).one()
+    assert count > 0 and m["berth_scheduling_cycles_total", ()] == count
+    assert m["berth_last_cycle_timestamp_seconds", ()] == last
+    assert by_name(m, "berth_etas_timestamp_seconds") == {}
+    store.estimate_starts(now=40.0)
+    assert scrape(client)["berth_etas_timestamp_seconds", ()] == 40.0
+
+
+def test_the_grafana_dashboard_queries_only_what_the_plugin_exports(
+    store: Store, history: History, client: TestClient
+) -> None:
+    """docker/grafana/berth-dashboard.json: every panel's query names series a scrape gives
+    (a renamed metric would leave a panel empty without a word)."""
+    store.estimate_starts(now=40.0)  # so that every gauge has a sample
+    exported = {name for name, _ in scrape(client)}
+    dashboard = json.loads((REPO / "docker" / "grafana" / "berth-dashboard.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bberth_[a-z_]+", target["expr"])
+    }
+    assert len(dashboard["panels"]) >= 8 and len(queried) >= 10
+    assert queried <= exported, f"not exported: {sorted(queried - exported)}"
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}" and panel["targets"], panel["title"]
 
 
 def test_every_scrape_reads_the_store_anew(

@@ -19,7 +19,16 @@ from typing import TYPE_CHECKING
 from sqlalchemy import func, select
 
 from berth.store.database import reading
-from berth.store.schema import ADMITTED, PREEMPTING, QUEUED, RUNNING, events, jobs
+from berth.store.schema import (
+    ADMITTED,
+    PREEMPTING,
+    QUEUED,
+    RUNNING,
+    engine_row,
+    etas,
+    events,
+    jobs,
+)
 from berth.store.views import PlacedReplica, placement_from_json
 
 if TYPE_CHECKING:
@@ -131,3 +140,19 @@ def admission_waits(store: Store) -> list[tuple[str, float]]:
             elif job_id in entered:
                 waits.append((team, max(0.0, t - entered.pop(job_id))))
     return waits
+
+
+@dataclass(frozen=True, slots=True)
+class Cycles:
+    """The store's cycle count, its last cycle, and the ETAs' last refresh (None: never)."""
+
+    count: int
+    last_at: float | None
+    etas_at: float | None
+
+
+def cycles(store: Store) -> Cycles:
+    with reading(store.engine) as conn:
+        count, last = conn.execute(select(engine_row.c.cycles, engine_row.c.last_cycle_at)).one()
+        etas_at = conn.execute(select(func.max(etas.c.computed_at))).scalar()
+    return Cycles(count, last, etas_at)

@@ -19,11 +19,15 @@ Names follow Kueue's where Kueue has the metric (a team is Kueue's ClusterQueue)
 | berth_evicted_jobs_total | counter | team, reason | jobs preempted ("preempted") |
 | berth_finished_jobs_total | counter | team, outcome | jobs ended, by outcome (4) |
 | berth_admission_wait_time_seconds | histogram | team | from entering the queue to admission |
+| berth_scheduling_cycles | counter | | cycles committed by the store |
+| berth_last_cycle_timestamp_seconds | gauge | | when the last cycle committed (5) |
+| berth_etas_timestamp_seconds | gauge | | when the waiting jobs' ETAs were last estimated (5) |
 
 (1) "unexamined": no cycle looked at the job yet. (2) Absent when the quota does not limit
 GPUs. (3) They add up to the cluster's GPUs, shared ones in fractions; stopping: a preempted
 job's replicas are still on it. (4) succeeded, failed, cancelled, rejected; a retried job
-counts once per failed attempt.
+counts once per failed attempt. (5) Absent before the first; `time() - ...` alerts on a loop
+that stopped deciding.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from prometheus_client.utils import floatToGoString
 from berth.store import Store, TeamUsage
 from berth.store.aggregates import (
     admission_waits,
+    cycles,
     ends_by_team,
     holdings,
     pending_by_reason,
@@ -76,6 +81,7 @@ class StoreCollector(Collector):
         yield from _quotas(usage)
         yield _cluster(store)
         yield from _history(store)
+        yield from _loop(store)
 
 
 router = APIRouter(tags=["Berth"])
@@ -159,6 +165,21 @@ def _history(store: Store) -> Iterator[Metric]:
         finished.add_metric([team, outcome], n)
     yield finished
     yield _waits(admission_waits(store))
+
+
+def _loop(store: Store) -> Iterator[Metric]:
+    c = cycles(store)
+    count = CounterMetricFamily("berth_scheduling_cycles", "Scheduling cycles committed")
+    count.add_metric([], c.count)
+    yield count
+    for name, doc, value in (
+        ("berth_last_cycle_timestamp_seconds", "When the last cycle committed", c.last_at),
+        ("berth_etas_timestamp_seconds", "When the ETAs were last estimated", c.etas_at),
+    ):
+        gauge = GaugeMetricFamily(name, doc)
+        if value is not None:
+            gauge.add_metric([], value)
+        yield gauge
 
 
 def _waits(waits: list[tuple[str, float]]) -> Metric:
