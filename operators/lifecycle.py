@@ -25,10 +25,10 @@ Usage, in a DAG:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow.sdk import TaskGroup, TriggerRule
+from airflow.sdk import BaseNotifier, TaskGroup, TriggerRule
 
 from berth.spec import JobSpec, SpecError, parse_spec
 from operators.job import SpecArg
@@ -53,6 +53,8 @@ def gpu_job(
     heartbeat_s: float = 10.0,
     run_kwargs: dict[str, Any] | None = None,
     tooltip: str | None = None,
+    notify: Sequence[BaseNotifier] = (),
+    notify_waiting_after_s: float | None = None,
 ) -> TaskGroup:
     """The lifecycle TaskGroup of one GPU job; `spec` is a JobSpec mapping or "params".
 
@@ -60,7 +62,9 @@ def gpu_job(
     import error that names every problem, not a task failing at run time (a spec with Jinja
     templates is checked once they are rendered, by the validate task). `group_id` defaults to
     the job's name ("gpu_job" for "params"). `run_kwargs` go to the run task (e.g. `pool` to
-    override the team pool); its retries and backoff follow the spec. Call it inside a DAG
+    override the team pool); its retries and backoff follow the spec. `notify`: Airflow
+    notifiers told when the job is admitted, preempted, failed for good, and when it has waited
+    `notify_waiting_after_s` for admission (operators/notifying.py). Call it inside a DAG
     context.
     """
     static = static_spec(spec)
@@ -77,6 +81,8 @@ def gpu_job(
             stage_task_id=stage.task_id,
             poll_s=poll_s,
             heartbeat_s=heartbeat_s,
+            notify=notify,
+            notify_waiting_after_s=notify_waiting_after_s,
             **(run_kwargs or {}),
         )
         collect = CollectArtifactsOperator(

@@ -18,10 +18,11 @@ trigger has already recorded in the store (freeing its GPUs):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import BaseNotifier, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
 from berth.spec import JobSpec, SpecError
@@ -36,6 +37,7 @@ from operators.launching import (
     LaunchPlan,
     launch_attempt,
 )
+from operators.notifying import JobMoment, notify
 from operators.preparing import failing_fast, platform_env, prepare, stage
 from operators.release import release_job
 from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
@@ -74,8 +76,15 @@ class BerthRunOperator(BaseOperator):
         stage_task_id: str | None = None,
         poll_s: float = 2.0,
         heartbeat_s: float = 10.0,
+        notify: Sequence[BaseNotifier] = (),
+        notify_waiting_after_s: float | None = None,
         **kwargs: Any,
     ) -> None:
+        if notify_waiting_after_s is not None and not notify_waiting_after_s > 0:
+            raise ValueError(
+                f"notify_waiting_after_s: must be a number of seconds > 0, got "
+                f"{notify_waiting_after_s!r}; or None for no waiting notice"
+            )
         for key, value in run_task_defaults(spec).items():
             if key in ("pool", "pool_slots"):
                 kwargs.setdefault(key, value)  # an explicit pool wins
@@ -88,6 +97,8 @@ class BerthRunOperator(BaseOperator):
         self.stage_task_id = stage_task_id
         self.poll_s = poll_s
         self.heartbeat_s = heartbeat_s
+        self.notify = tuple(notify)
+        self.notify_waiting_after_s = notify_waiting_after_s
         self._job_id: str | None = None
 
     # -- first call: submit, and launch now or wait for admission -----------------------------
@@ -163,11 +174,30 @@ class BerthRunOperator(BaseOperator):
             spec.model_dump(mode="json"), platform_env(prepared, staged), TaskRef.of(context)
         )
 
-    def _defer_admission(self, job_id: str, plan: LaunchPlan) -> None:
+    def _defer_admission(self, job_id: str, plan: LaunchPlan, *, notice: bool = True) -> None:
+        """Wait for admission; with notifiers and a threshold, the trigger fires `waiting`
+        once the job has waited that long (`notice`: not again for the same wait)."""
+        after = self.notify_waiting_after_s if self.notify and notice else None
         self.defer(
-            trigger=AdmissionTrigger(job_id, plan.to_dict(), poll_s=self.poll_s),
+            trigger=AdmissionTrigger(
+                job_id,
+                plan.to_dict(),
+                poll_s=self.poll_s,
+                notify_at=None if after is None else time.time() + after,
+            ),
             method_name="on_admitted",
         )
+
+    def _notify(self, context: Context, event: str, job_id: str, detail: str = "") -> None:
+        """Tell the job's notifiers (operators/notifying.py); a failing one is only logged."""
+        if not self.notify:
+            return
+        store = settings().store()
+        st = store.status(job_id)
+        eta = store.etas([job_id]).get(job_id) if event == "waiting" else None
+        moment = JobMoment.of(event, st, detail, None if eta is None else eta.at)
+        sent = notify(self.notify, context, moment)
+        self.log.info("job %s %s: %d of %d notifier(s) told", job_id, event, sent, len(self.notify))
 
     def on_admitted(self, context: Context, event: Mapping[str, Any]) -> Any:
         """The admission trigger launched the gang (or found why it could not)."""
@@ -185,6 +215,12 @@ class BerthRunOperator(BaseOperator):
             raise self._launch_failed(context, spec, job_id, int(event["attempt"]), message)
         if status == "preempting":
             return self._requeue(context, job_id, int(event["attempt"]), status)
+        if status == "waiting":  # waited past notify_waiting_after_s: say so, wait on
+            st = store.status(job_id)
+            why = f"{st.reason_code or 'pending'}: {st.reason_message or ''}".strip()
+            self._notify(context, "waiting", job_id, f"waiting for admission ({why})")
+            self._defer_admission(job_id, LaunchPlan.from_dict(event["plan"]), notice=False)
+            return None
         raise AirflowFailException(f"job {job_id} ended while queued: {status} {event['message']}")
 
     # -- launched: watch the gang -----------------------------------------------------------
@@ -192,6 +228,11 @@ class BerthRunOperator(BaseOperator):
     def _watch(self, context: Context, job_id: str, launched: Launched) -> None:
         push_run_url(context, launched.mlflow_url)
         self.log.info("job %s attempt %d running", job_id, launched.attempt)
+        if self.notify:
+            where = " ".join(
+                f"{r.node}:{list(r.gpus)}" for r in settings().store().status(job_id).placement
+            )
+            self._notify(context, "admitted", job_id, f"attempt {launched.attempt} on {where}")
         self._defer_completion(job_id, launched.attempt, launched.launch)
 
     def _launch_failed(
@@ -201,6 +242,8 @@ class BerthRunOperator(BaseOperator):
         over = max(1, context["ti"].try_number) > spec.retries
         close_attempt(TaskRef.of(context), spec, settings().store(), job_id, attempt, "failed",
                       job_over=over)  # fmt: skip
+        if over:
+            self._notify(context, "failed", job_id, f"attempt {attempt} could not start: {message}")
         return self._attempt_failed(context, spec, message)
 
     def _attempt_failed(self, context: Context, spec: JobSpec, message: str) -> JobAttemptFailed:
@@ -244,6 +287,7 @@ class BerthRunOperator(BaseOperator):
             self.log.warning("job %s attempt %d %s (%s); back in the queue without a retry",
                              job_id, attempt, outcome, event.get("message"))  # fmt: skip
             close_attempt(task, spec, store, job_id, attempt, outcome)
+            self._notify(context, "preempted", job_id, f"attempt {attempt} {outcome}; queued again")
             self._defer_admission(job_id, self._plan(context, spec))
         if outcome == "cancelled":
             raise AirflowFailException(f"job {job_id} was cancelled: {event.get('message', '')}")
@@ -268,6 +312,8 @@ class BerthRunOperator(BaseOperator):
             artifacts_dir=artifacts,
             job_over=hopeless or try_number > spec.retries,  # no retry left: the job is over
         )
+        if hopeless or try_number > spec.retries:
+            self._notify(context, "failed", job_id, f"attempt {attempt}: {message}")
         if hopeless:
             raise AirflowFailException(f"job {job_id} attempt {attempt}: {message}")
         why = f"job {job_id} attempt {attempt} failed: {message}"
@@ -285,6 +331,7 @@ class BerthRunOperator(BaseOperator):
         s.store().finish(job_id, "preempted", attempt=attempt, message="preempted by Berth")
         self.log.warning("job %s attempt %d %s; back in the queue", job_id, attempt, why)
         close_attempt(TaskRef.of(context), spec, s.store(), job_id, attempt, "preempted")
+        self._notify(context, "preempted", job_id, f"attempt {attempt} preempted; queued again")
         self._defer_admission(job_id, self._plan(context, spec))
 
     def _collect(self, job_id: str, attempt: int, spec: JobSpec) -> None:

@@ -55,19 +55,34 @@ class AdmissionTrigger(BaseTrigger):
     waits the trigger logs its reason and queue position whenever they change, so the task log
     says why it waits. Once admitted, the trigger launches the gang (`launch_attempt`) and fires
     `{"status": "running", "attempt": n, "launch": {...}, "mlflow_url": ...}`; a launch that
-    failed fires `launch_failed` (the store has the attempt as failed). A job found running
-    (a launch it did not make) fires `running` without a launch; one that ended meanwhile
-    (cancelled, rejected) or is being preempted fires its state.
+    failed fires `launch_failed` (the store has the attempt as failed). A job found running (a
+    launch it did not make) fires `running` without a launch; one that ended meanwhile
+    (cancelled, rejected) or is being preempted fires its state. With `notify_at`, a job still
+    waiting then fires `waiting` (with its plan) for the operator's notification.
     """
 
-    def __init__(self, job_id: str, plan: dict[str, Any], poll_s: float = 2.0):
+    def __init__(
+        self,
+        job_id: str,
+        plan: dict[str, Any],
+        poll_s: float = 2.0,
+        notify_at: float | None = None,
+    ):
         super().__init__()
         self.job_id = job_id
         self.plan = plan
         self.poll_s = poll_s
+        # Wall-clock time at which a job still waiting fires `waiting` (with its plan, so that
+        # the operator can notify and wait again): the "waiting too long" notification.
+        self.notify_at = notify_at
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        kwargs = {"job_id": self.job_id, "plan": self.plan, "poll_s": self.poll_s}
+        kwargs = {
+            "job_id": self.job_id,
+            "plan": self.plan,
+            "poll_s": self.poll_s,
+            "notify_at": self.notify_at,
+        }
         return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -77,9 +92,16 @@ class AdmissionTrigger(BaseTrigger):
         started = time.monotonic()
         said: list[str] = []
         while True:
-            st = await poller.wait(
+            waiting = poller.wait(
                 self.job_id, poll_s=self.poll_s, on_queued=lambda st: self._say(st, said)
             )
+            left = None if self.notify_at is None else max(0.0, self.notify_at - time.time())
+            try:
+                st = await asyncio.wait_for(waiting, left)
+            except TimeoutError:  # still waiting at notify_at
+                await _not_before(started)
+                yield self._event("waiting", plan=self.plan)
+                return
             if st.state != "admitted":  # running (launched elsewhere), preempting, or ended
                 await _not_before(started)
                 yield self._event(st.state, attempt=st.attempt, message=st.message or "")

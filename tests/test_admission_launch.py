@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,27 @@ def test_freed_gpus_start_the_waiting_job_from_the_triggers_alone(store: Store) 
     handle = runtime.launch_from_dict(started["launch"])
     wait_for(lambda: runtime.poll(handle).state != "running", "the waiting job's gang to end")
     assert runtime.poll(handle).state == "succeeded"
+
+
+def test_a_job_still_waiting_at_notify_at_fires_waiting_with_its_plan(store: Store) -> None:
+    """The "waiting too long" notification: the trigger of a job that cannot be admitted
+    fires `waiting` at notify_at (carrying its plan, so the task can notify and wait on), and
+    leaves the job queued; without notify_at it keeps waiting."""
+    holder = _submit(store, "holder", 2, 4, HOUR)  # all 8 GPUs for an hour
+    _run_now(store, "holder", holder)
+    plan = _submit(store, "patient", 1, 4, 0.1)
+    at = time.time() + 0.5
+    started = time.monotonic()
+    trigger = triggers.AdmissionTrigger("patient", plan.to_dict(), poll_s=HOUR, notify_at=at)
+    event = asyncio.run(asyncio.wait_for(_first_event(trigger), 30))
+    assert time.monotonic() - started >= 0.4
+    assert (event["status"], event["job_id"]) == ("waiting", "patient")
+    assert LaunchPlan.from_dict(event["plan"]) == plan
+    assert store.status("patient").state == "queued"
+    untold = triggers.AdmissionTrigger("patient", plan.to_dict(), poll_s=HOUR)
+    with pytest.raises(TimeoutError):
+        asyncio.run(asyncio.wait_for(_first_event(untold), 1.0))
+    assert store.status("patient").state == "queued"
 
 
 def test_one_cycle_serves_every_waiting_job(store: Store) -> None:

@@ -220,6 +220,67 @@ def test_a_user_outside_the_team_is_refused_before_anything_is_queued(
         assert [j for j in store.jobs() if j.name == "not-mine"] == []
 
 
+NOTIFY_DAG = """
+import json
+from airflow.sdk import DAG, BaseNotifier
+from operators import gpu_job
+
+
+class ToFile(BaseNotifier):
+    template_fields = ("text",)
+
+    def __init__(self, path, text):
+        super().__init__()
+        self.path, self.text = path, text
+
+    def notify(self, context):
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"text": self.text, "berth": context["berth"]}) + "\\n")
+
+
+class Broken(BaseNotifier):
+    def notify(self, context):
+        raise RuntimeError("the chat server is down")
+
+
+with DAG("t_notify", schedule=None, catchup=False) as dag:
+    gpu_job(
+        {
+            "name": "told",
+            "team": "language",
+            "environment": {"requirements": ["numpy"]},
+            "command": ["python", TRAIN, "--epochs", "1", "--fail-on-attempt", "1"],
+            "gpus_per_replica": 1,
+            "retries": 1,
+            "retry_backoff_s": 1,
+        },
+        poll_s=0.5,
+        notify=[Broken(), ToFile(TOLD, "{{ berth.event }} {{ berth.job_id }} of {{ berth.team }}")],
+    )
+"""
+
+
+def test_notifiers_hear_each_admission_and_the_failure_that_ends_the_job(
+    airflow_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Airflow notifiers given to gpu_job are told of each admission (two attempts: the
+    first fails, a retry is left) and render the job's details; a notifier that fails is
+    logged and changes nothing."""
+    told = tmp_path / "told.jsonl"
+    dags = Path(airflow_env["AIRFLOW__CORE__DAGS_FOLDER"])
+    dag = NOTIFY_DAG.replace("TRAIN", repr(str(TRAIN))).replace("TOLD", repr(str(told)))
+    (dags / "t_notify.py").write_text(dag)
+    result, out = run_dag(airflow_env, "t_notify.py")
+    assert result["state"] == "success", out[-5000:]
+    lines = [json.loads(line) for line in told.read_text().splitlines()]
+    assert [line["berth"]["event"] for line in lines] == ["admitted", "admitted"], lines
+    job = lines[0]["berth"]["job_id"]
+    assert [line["text"] for line in lines] == [f"admitted {job} of language"] * 2
+    assert [line["berth"]["attempt"] for line in lines] == [1, 2]
+    assert "on local-" in lines[0]["berth"]["detail"]  # where it runs
+    assert "the chat server is down" in out and "1 of 2 notifier(s) told" in out
+
+
 BARE_RUN_DAG = """
 from airflow.sdk import DAG
 from operators import BerthRunOperator

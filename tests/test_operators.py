@@ -59,7 +59,7 @@ def test_admission_trigger_serialize_round_trips() -> None:
     first, second = _roundtrip(AdmissionTrigger("job-1", plan.to_dict(), poll_s=0.5))
     assert first == second
     assert first[0] == "operators.triggers.AdmissionTrigger"
-    assert first[1] == {"job_id": "job-1", "plan": plan.to_dict(), "poll_s": 0.5}
+    assert first[1] == {"job_id": "job-1", "plan": plan.to_dict(), "poll_s": 0.5, "notify_at": None}
     # What the trigger launches from is what the task planned, after the trip through JSON.
     assert LaunchPlan.from_dict(json.loads(json.dumps(first[1]["plan"]))) == plan
     # No store URL or credential in the row: only the spec, the replicas' variables, the task.
