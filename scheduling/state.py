@@ -161,7 +161,9 @@ class EngineState:
             raise StateError("a state with held gangs cannot be cloned (baseline policies)")
         new = EngineState(self.cluster, self.teams, self.policy)
         for run in self.running_by_start:
-            origin = self._origin[run.job.id]
+            # A gang admitted from a hold (baselines) has no queue entry: it goes back, if
+            # preempted, as if queued when it started.
+            origin = self._origin.get(run.job.id) or Pending(run.job, run.start_time, 0)
             new.restore_running(
                 run.job,
                 run.placement,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from berth.spec import JobSpec, parse_spec
 from scheduling.cluster import Cluster
 from scheduling.config import parse_cluster, parse_teams
 from scheduling.cycle import schedule
@@ -113,3 +114,18 @@ class World:
 
 def admitted(result: CycleResult) -> list[str]:
     return [a.job.id for a in result.admitted]
+
+
+def job_spec(name: str, team: str, gpus: float, replicas: int = 1, priority: int = 0) -> JobSpec:
+    """A platform job spec (an image, a trivial command) for store and API tests."""
+    return parse_spec(
+        {
+            "name": name,
+            "team": team,
+            "image": "ghcr.io/org/train:1",
+            "command": ["python", "train.py"],
+            "gpus_per_replica": gpus,
+            "replicas": replicas,
+            "priority": priority,
+        }
+    )

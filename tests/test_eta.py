@@ -98,6 +98,17 @@ def test_jobs_past_the_horizon_get_none() -> None:
     assert estimate_starts(state, 1.0, RunTimes(), horizon_s=100.0) == {}
 
 
+def _fingerprint(state: EngineState) -> tuple:
+    return (
+        sorted(state.pending),
+        sorted((j, r.start_time) for j, r in state.running.items()),
+        list(state.capacity.free),
+        dict(state.quota.usage),
+        dict(state.reservations),
+        dict(state.preemptions),
+    )
+
+
 def _knowable(s: Scenario) -> Scenario:
     """The scenario with every run time known in advance: limits equal to durations, no
     slowdown at any level."""
@@ -117,7 +128,9 @@ def test_the_eta_is_the_real_start_when_the_future_is_known(s: Scenario) -> None
     def ask(now: float, state: EngineState, events: list[dict]) -> None:
         if asked or now <= last_submit or not state.pending:
             return
+        before = _fingerprint(state)
         etas = estimate_starts(state, now, RunTimes(), limits_first=True, max_cycles=100_000)
+        assert _fingerprint(state) == before  # the forward run worked on a copy
         asked.update({job_id: eta.at for job_id, eta in etas.items()})
         asked["@"] = now
         missing = set(state.pending) - set(etas)

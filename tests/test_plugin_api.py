@@ -24,7 +24,7 @@ import requests
 from airflow._shared.module_loading.file_discovery import find_path_from_directory
 from airflow.api_fastapi.core_api.security import get_user
 from airflow_server import AirflowDeployment
-from builders import cluster, teams
+from builders import cluster, job_spec, teams
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,7 +32,6 @@ from sqlalchemy import select
 from waiting import wait_for
 
 from berth.settings import BerthSettings
-from berth.spec import JobSpec, parse_spec
 from berth.store import Store
 from berth.store.schema import engine_row
 from plugins.berth_api import access, models, source
@@ -46,20 +45,6 @@ FAST = replace(BERTH, name="berth-fast", min_runtime_s=0.0, preemption_delay_s=0
 API = "/berth/api/v1"
 
 
-def spec(name: str, team: str, gpus: float, replicas: int = 1, priority: int = 0) -> JobSpec:
-    return parse_spec(
-        {
-            "name": name,
-            "team": team,
-            "image": "ghcr.io/org/train:1",
-            "command": ["python", "train.py"],
-            "gpus_per_replica": gpus,
-            "replicas": replicas,
-            "priority": priority,
-        }
-    )
-
-
 @dataclass
 class History:
     victim: str  # a's job preempted to give b its nominal back; queued again
@@ -68,8 +53,8 @@ class History:
 
 def borrow(store: Store) -> None:
     """t=0..2: team a takes all 8 GPUs, 4 of them borrowed from b's idle nominal."""
-    store.submit(spec("a1", "a", 4), job_id="a1", now=0.0)
-    store.submit(spec("a2", "a", 4), job_id="a2", now=0.5)
+    store.submit(job_spec("a1", "a", 4), job_id="a1", now=0.0)
+    store.submit(job_spec("a2", "a", 4), job_id="a2", now=0.5)
     store.schedule(now=1.0)
     store.mark_started("a1", 1, now=2.0)
     store.mark_started("a2", 1, now=2.0)
@@ -77,7 +62,7 @@ def borrow(store: Store) -> None:
 
 def reclaim(store: Store) -> History:
     """t=10..11: b asks for 2 GPUs of its nominal; one of a's jobs is preempted (stopping)."""
-    store.submit(spec("b1", "b", 2), job_id="b1", now=10.0)
+    store.submit(job_spec("b1", "b", 2), job_id="b1", now=10.0)
     report = store.schedule(now=11.0)
     assert report.admitted == ("b1",) and len(report.preempted) == 1, report
     victim = report.preempted[0]
@@ -90,13 +75,13 @@ def settle(store: Store, h: History) -> None:
     store.finish(h.victim, "preempted", attempt=1, now=12.0)
     store.schedule(now=13.0)
     store.mark_started("b1", 1, now=13.5)
-    store.submit(spec("c", "b", 0.5), job_id="c", now=13.0)
-    store.submit(spec("f", "b", 0.5), job_id="f", now=13.0)
+    store.submit(job_spec("c", "b", 0.5), job_id="c", now=13.0)
+    store.submit(job_spec("f", "b", 0.5), job_id="f", now=13.0)
     store.schedule(now=16.0)
     store.mark_started("f", 1, now=16.5)
     store.finish("f", "succeeded", exit_code=0, attempt=1, now=18.0)
-    store.submit(spec("d", "b", 1), job_id="d", now=20.0)
-    store.submit(spec("e", "b", 1, priority=10), job_id="e", now=21.0)
+    store.submit(job_spec("d", "b", 1), job_id="d", now=20.0)
+    store.submit(job_spec("e", "b", 1, priority=10), job_id="e", now=21.0)
 
 
 @pytest.fixture
@@ -314,14 +299,14 @@ def test_a_task_instance_finds_the_job_of_its_gpu_job_group(
 
     def submitted(job_id: str, run: str, task: str, map_index: int = -1) -> None:
         labels = {"dag_id": "train", "run_id": run, "task_id": task, "map_index": str(map_index)}
-        store.submit(spec(job_id, "a", 1), job_id=job_id, labels=labels)
+        store.submit(job_spec(job_id, "a", 1), job_id=job_id, labels=labels)
 
     submitted("r1", "run-1", "resnet.run")
     submitted("b1", "run-1", "bert.run")
     submitted("r2", "run-2", "resnet.run")
     submitted("m0", "run-1", "sweep.run", map_index=0)
     submitted("m1", "run-1", "sweep.run", map_index=1)
-    store.submit(spec("cli", "a", 1), job_id="cli")  # no labels: no DAG submitted it
+    store.submit(job_spec("cli", "a", 1), job_id="cli")  # no labels: no DAG submitted it
 
     def found(**query: Any) -> list[str]:
         got = models.JobRefs.model_validate(get(client, f"{API}/jobs", params=query))
@@ -566,7 +551,7 @@ def test_the_plugin_loads_in_airflow_behind_its_login(
 
     # The store the API server reads: the same settings, from the same BERTH_HOME.
     store = BerthSettings.from_env({"BERTH_HOME": str(home)}).store()
-    store.submit(spec("from-dag", "vision", 1), job_id="from-dag", labels={"dag_id": "train"})
+    store.submit(job_spec("from-dag", "vision", 1), job_id="from-dag", labels={"dag_id": "train"})
     queue = f"{af.url}{API}/queue"
     assert requests.get(queue, timeout=30).status_code == 401
     bad = {"Authorization": "Bearer not-a-token"}
@@ -588,7 +573,7 @@ def test_the_plugin_loads_in_airflow_behind_its_login(
     assert store.status("from-dag").state == "cancelled"
     # Airflow lets the admin change every DAG's runs, but BERTH_ACCESS keeps research's jobs
     # to research's users.
-    store.submit(spec("theirs", "research", 1), job_id="theirs", labels={"dag_id": "train"})
+    store.submit(job_spec("theirs", "research", 1), job_id="theirs", labels={"dag_id": "train"})
     r = requests.post(f"{af.url}{API}/jobs/theirs/cancel", headers=admin, timeout=30)
     detail = r.json()["detail"]
     assert r.status_code == 403 and "user 'admin' may not cancel jobs of team 'research'" in detail

@@ -28,10 +28,10 @@ import pytest
 import requests
 import yaml
 from airflow_server import AirflowDeployment
+from builders import job_spec
 from waiting import wait_for
 
 from berth.settings import BerthSettings
-from berth.spec import parse_spec
 from berth.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,19 +103,6 @@ class Scene:
     passwords: dict[str, str]
 
 
-def spec(name: str, team: str, gpus: float, replicas: int = 1) -> Any:
-    return parse_spec(
-        {
-            "name": name,
-            "team": team,
-            "image": "ghcr.io/org/train:1",
-            "command": ["python", "train.py"],
-            "gpus_per_replica": gpus,
-            "replicas": replicas,
-        }
-    )
-
-
 def from_dag(dag_id: str, group: str) -> dict[str, str]:
     """The labels the run task of a `gpu_job` group gives its job (operators/job.py)."""
     return {
@@ -134,14 +121,14 @@ def stage(store: Store) -> None:
     running = [
         (
             "resnet-gang",
-            spec("resnet-gang", "vision", 4, replicas=2),
+            job_spec("resnet-gang", "vision", 4, replicas=2),
             from_dag("train_resnet", "resnet"),
         ),
-        ("vit-large", spec("vit-large", "vision", 4), {}),
-        ("llm-finetune", spec("llm-finetune", "language", 4), {}),
-        ("sweep-a", spec("sweep-a", "research", 2), {}),
-        ("probe-a", spec("probe-a", "research", 0.5), {}),
-        ("probe-b", spec("probe-b", "language", 0.5), {}),
+        ("vit-large", job_spec("vit-large", "vision", 4), {}),
+        ("llm-finetune", job_spec("llm-finetune", "language", 4), {}),
+        ("sweep-a", job_spec("sweep-a", "research", 2), {}),
+        ("probe-a", job_spec("probe-a", "research", 0.5), {}),
+        ("probe-b", job_spec("probe-b", "language", 0.5), {}),
     ]
     for job_id, s, labels in running:
         store.submit(s, job_id=job_id, labels=labels)
@@ -149,13 +136,13 @@ def stage(store: Store) -> None:
     for job_id, *_ in running:
         assert store.status(job_id).state == "admitted", store.status(job_id)
         store.mark_started(job_id, 1)
-    store.submit(spec("sweep-b", "research", 2), job_id="sweep-b")
+    store.submit(job_spec("sweep-b", "research", 2), job_id="sweep-b")
     store.submit(
-        spec("sweep-c", "research", 2),
+        job_spec("sweep-c", "research", 2),
         job_id="sweep-c",
         labels={"dag_id": "sweeps", "note": HOSTILE},
     )
-    store.submit(spec("llm-pretrain", "language", 4, replicas=3), job_id="llm-pretrain")
+    store.submit(job_spec("llm-pretrain", "language", 4, replicas=3), job_id="llm-pretrain")
     store.schedule()
     # As the scheduling loop does now and then: with no run finished yet, each running job
     # is taken to run an hour (scheduling/eta.py), so the waiting ones start in about an hour.
