@@ -20,6 +20,7 @@ import pytest
 from store_workload import LIVE, _step, audit, ceilings, job_id, open_store, spec_for
 
 from berth.store import JobStateError
+from berth.store import runner as runner_module
 from berth.store.lease import Lease, LeaseLost
 from berth.store.loop import SchedulingLoop
 from berth.store.mirror import MirrorDiverged
@@ -244,6 +245,40 @@ def test_the_loop_checks_its_state_against_a_rebuild_as_it_goes(loop_url: str) -
         assert loop.stats.errors == 0
     finally:
         store.close()
+
+
+def test_a_change_committed_while_a_cycle_decides_is_not_lost(
+    loop_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submission committed after a cycle decided but before it committed is taken into the
+    mirror by that commit, unseen by its decisions: `changed()` must still be True, or a
+    loop would sleep with the job queued and never looked at (found by the ETA test). Also
+    after a self-check, which catches the mirror up without deciding."""
+    leader, other = open_store(loop_url), open_store(loop_url)
+    try:
+        leader.schedule()  # the mirror exists
+        real = runner_module.explain
+        calls = []
+
+        def explain_then_submit(mirror, result):  # between the decision and the commit
+            if not calls:
+                calls.append(1)
+                other.submit(spec_for(0), job_id=job_id(0))
+            return real(mirror, result)
+
+        monkeypatch.setattr(runner_module, "explain", explain_then_submit)
+        leader.schedule()
+        assert calls and other.status(job_id(0)).reason_code is None  # not decided on
+        assert leader.changed()
+        leader.schedule()
+        assert not leader.changed() and other.status(job_id(0)).state == "admitted"
+
+        other.submit(spec_for(1), job_id=job_id(1))
+        leader.self_check()  # catches the mirror up to the submission
+        assert leader.changed()
+    finally:
+        leader.close()
+        other.close()
 
 
 def test_the_loop_estimates_the_waiting_jobs_starts(loop_url: str) -> None:

@@ -131,8 +131,9 @@ class SchedulingLoop:
                             and now - last_eta >= self.eta_every_s
                             and (eta_cycles != self.stats.cycles or now - last_eta >= ETA_STALE_S)
                         ):
-                            last_eta, eta_cycles = now, self.stats.cycles
-                            self._estimate(now)
+                            cycles = self.stats.cycles
+                            if self._estimate(now):  # else the last one still runs: next tick
+                                last_eta, eta_cycles = now, cycles
                         if now - last_check >= self.self_check_every_s:
                             self.store.self_check()  # MirrorDiverged propagates: a bug
                             self.stats.self_checks += 1
@@ -160,12 +161,13 @@ class SchedulingLoop:
                 self.lease.release()
         return self.stats
 
-    def _estimate(self, now: float) -> None:
+    def _estimate(self, now: float) -> bool:
         """Refresh the ETAs in a thread of their own, one at a time: a forward run over a long
         queue takes seconds (decision 0016), while cycles must go on. Its only moment under
-        the runner's lock is the copy of the state. A failure is logged, not fatal."""
+        the runner's lock is the copy of the state. A failure is logged, not fatal. False
+        when the last one still runs (nothing started)."""
         if self._estimating is not None and self._estimating.is_alive():
-            return  # the last one is still running: the next tick starts a fresh one
+            return False
 
         def run() -> None:
             try:
@@ -175,6 +177,7 @@ class SchedulingLoop:
 
         self._estimating = threading.Thread(target=run, name="berth-eta", daemon=True)
         self._estimating.start()
+        return True
 
     def _sleep(self, listener: Listener, timeout: float) -> bool:
         """Until woken (True) or `timeout`; in slices, so that `stop` is seen within one."""

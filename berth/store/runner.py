@@ -54,6 +54,9 @@ class CycleRunner:
         self.mirror: Mirror | None = None
         self.builds = 0  # full builds of the mirror (at start, on a gap, a cluster change)
         self._one_at_a_time = threading.Lock()
+        # The mirror caught up past changes no cycle has decided on (a self-check absorbs
+        # them to compare): `changed()` must still say so, or the loop would sleep on them.
+        self._undecided = False
 
     def forget(self) -> None:
         """Build the state again before the next cycle (what every cycle did before 0013)."""
@@ -94,18 +97,32 @@ class CycleRunner:
                     except BaseException:
                         self.mirror = None  # half applied: build it again next time
                         raise
+                # Changes committed by others after this cycle decided were taken in by its
+                # commit, unseen by its decisions: the next `changed()` must say so.
+                self._undecided = bool(news.job_ids)
                 # from asking for the lock to the commit's end: what others may wait for
                 return replace(report, locked_ms=(time.perf_counter() - asked) * 1000.0)
         raise AssertionError("unreachable: the last try decides under the lock")
 
     def forward_state(self, view: ClusterView) -> EngineState:
-        """A copy of the engine's state as of the last commit, for a forward run (the ETA)."""
+        """A copy of the engine's state for a forward run (the ETA): the state of this
+        runner's last cycle, or one read from the tables when it has run none. Never by
+        catching the mirror up: `changed()` compares the mirror's version with the store's,
+        and a mirror moved on without a cycle would hide the changes no cycle has seen."""
         with self._one_at_a_time:
-            return self._caught_up(view).state.clone()
+            mirror = self.mirror
+            if mirror is not None and (
+                mirror.cluster is view.cluster or mirror.cluster == view.cluster
+            ):
+                return mirror.state.clone()
+        with snapshot(self.engine) as conn:
+            return Mirror.load(
+                conn, view.cluster, self.teams, self.policy, held=view.held, live=self.live
+            ).state
 
     def changed(self) -> bool:
         """Whether anything was committed since the last cycle (or there was none)."""
-        if self.mirror is None:
+        if self.mirror is None or self._undecided:
             return True
         with reading(self.engine) as conn:
             version = conn.execute(select(engine_row.c.version)).scalar_one()
@@ -114,10 +131,13 @@ class CycleRunner:
     def self_check(self, view: ClusterView) -> None:
         """Compare the state with one built afresh from the tables (MirrorDiverged)."""
         with self._one_at_a_time:
+            before = None if self.mirror is None else self.mirror.version
             mirror = self._caught_up(view)
             with snapshot(self.engine) as conn:
                 try:
                     mirror.absorb(mirror.news(conn))
+                    if mirror.version != before:
+                        self._undecided = True
                 except GapError:  # a cycle ran elsewhere: nothing to compare, build it again
                     self.mirror = None
                     return
