@@ -153,28 +153,15 @@ class Platform:
 
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    yield from deploy(
-        tmp_path_factory.mktemp("standalone"),
-        {"t_teams.py": TEAMS_DAG, "t_admission.py": ADMISSION_DAG},
-        {
-            # A killed triggerer's triggers go to another one within ~10 s (default 30 s).
-            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
-            "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
-        },
-    )
-
-
-def deploy(root: Path, dag_files: dict[str, str], extra_env: dict[str, str]) -> Iterator[Platform]:
-    """A deployment with berth_job, the training code and `dag_files` (name -> source), team
-    pools synced and every DAG parsed; stopped, with any replica left, when the caller ends."""
+    root = tmp_path_factory.mktemp("standalone")
     dags = root / "dags"
     dags.mkdir()
     shutil.copy(REPO / "dags" / "berth_job.py", dags / "berth_job.py")
     shutil.copytree(
         REPO / "dags" / "training", dags / "training", ignore=shutil.ignore_patterns("__pyc*")
     )
-    for name, source in dag_files.items():
-        (dags / name).write_text(source)
+    (dags / "t_teams.py").write_text(TEAMS_DAG)
+    (dags / "t_admission.py").write_text(ADMISSION_DAG)
     berth_home = root / "berth"
     airflow = AirflowDeployment(
         root,
@@ -185,7 +172,9 @@ def deploy(root: Path, dag_files: dict[str, str], extra_env: dict[str, str]) -> 
             "AIRFLOW__CORE__PARALLELISM": "6",
             # The DAG files do not change: parse them once, not every 30 s.
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
-            **extra_env,
+            # A killed triggerer's triggers go to another one within ~10 s (default 30 s).
+            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+            "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
         },
     )
     store: Store | None = None
@@ -194,7 +183,7 @@ def deploy(root: Path, dag_files: dict[str, str], extra_env: dict[str, str]) -> 
         berth_home.mkdir(parents=True, exist_ok=True)
         store = Store(f"sqlite:///{berth_home / 'berth.db'}", CLUSTER, TEAMS)
         sync_pools(airflow.url, USER, airflow.password, TEAMS, CLUSTER)
-        for dag_id in [*(name.removesuffix(".py") for name in dag_files), "berth_job"]:
+        for dag_id in ("t_teams", "t_admission", "berth_job"):
             wait_for(lambda d=dag_id: airflow.api.dag_known(d), f"DAG {dag_id} parsed", 300, 1.0)
         yield Platform(airflow, store, berth_home)
     finally:

@@ -105,16 +105,19 @@ class CycleRunner:
         raise AssertionError("unreachable: the last try decides under the lock")
 
     def forward_state(self, view: ClusterView) -> EngineState:
-        """A copy of the engine's state for a forward run (the ETA): the state of this
-        runner's last cycle, or one read from the tables when it has run none. Never by
-        catching the mirror up: `changed()` compares the mirror's version with the store's,
-        and a mirror moved on without a cycle would hide the changes no cycle has seen."""
+        """A copy of the engine's state as of the last commit, for a forward run (the ETA):
+        the mirror's when it is that (as right after a cycle), else one read from the tables.
+        Never by catching the mirror up: `changed()` compares the mirror's version with the
+        store's, and a mirror moved on without a cycle would hide changes no cycle saw."""
         with self._one_at_a_time:
             mirror = self.mirror
             if mirror is not None and (
                 mirror.cluster is view.cluster or mirror.cluster == view.cluster
             ):
-                return mirror.state.clone()
+                with reading(self.engine) as conn:
+                    version = conn.execute(select(engine_row.c.version)).scalar_one()
+                if version == mirror.version and not self._undecided:
+                    return mirror.state.clone()
         with snapshot(self.engine) as conn:
             return Mirror.load(
                 conn, view.cluster, self.teams, self.policy, held=view.held, live=self.live
