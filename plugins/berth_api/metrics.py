@@ -26,8 +26,8 @@ Names follow Kueue's where Kueue has the metric (a team is Kueue's ClusterQueue)
 (1) "unexamined": no cycle looked at the job yet. (2) Absent when the quota does not limit
 GPUs. (3) They add up to the cluster's GPUs, shared ones in fractions; stopping: a preempted
 job's replicas are still on it. (4) succeeded, failed, cancelled, rejected; a retried job
-counts once per failed attempt. (5) Absent before the first; `time() - ...` alerts on a loop
-that stopped deciding.
+counts once per failed attempt. (5) Absent before the first (the ETAs' also while no job
+waits: the table holds only waiting jobs'); `time() - ...` alerts on a loop that stopped.
 """
 
 from __future__ import annotations
