@@ -39,19 +39,22 @@ class StoredEta:
 
 
 def run_times(store: Store) -> RunTimes:
-    """Each team's run times from its last `HISTORY` attempts that ran to an end (finished or
-    failed; not preempted, cancelled or lost: those were cut short)."""
+    """Each team's run times from the attempts that ran to an end (finished or failed; not
+    preempted, cancelled or lost: those were cut short): the cluster's last `HISTORY` per team
+    at most, read newest first with a bound, so a refresh every 30 s does not read all history."""
     learned = RunTimes(window=HISTORY)
     q = (
         select(jobs.c.team, attempts.c.started_at, attempts.c.ended_at)
         .join(jobs, jobs.c.id == attempts.c.job_id)
         .where(attempts.c.outcome.in_(("succeeded", "failed")))
         .where(attempts.c.started_at.is_not(None), attempts.c.ended_at.is_not(None))
-        .order_by(attempts.c.ended_at)
+        .order_by(attempts.c.ended_at.desc())
+        .limit(HISTORY * max(1, len(store.teams)))
     )
     with reading(store.engine) as conn:
-        for team, started, ended in conn.execute(q):
-            learned.add(team, ended - started)
+        rows = conn.execute(q).all()
+    for team, started, ended in reversed(rows):  # oldest first: the window keeps the last
+        learned.add(team, ended - started)
     return learned
 
 
