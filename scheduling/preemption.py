@@ -15,6 +15,7 @@ preempted that the preemptor does not need gone.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -112,7 +113,8 @@ def _plan_on_one_node(
     candidates: list[Running], cap: Capacity, quota: QuotaLedger, job: Job, place: Placer
 ) -> PreemptionPlan | None:
     """A single-replica job needs room on one node: for each node, the cheapest victims there
-    that make room; then the node whose victims cost least (priority, GPUs, count)."""
+    that make room; then the node whose victims cost least (priority, GPUs, count, then the
+    work they have done: the GPU-seconds a preemption loses)."""
     need = job.whole_gpus
     team, preemptible = job.team, job.preemptible
     own = _own_release(candidates, team)
@@ -147,7 +149,8 @@ def _plan_on_one_node(
             team, job.demand, preemptible, _own_release([v for v, _, _ in victims], team)
         ):
             continue  # ... or give back enough of its team's own quota
-        heap.append(((victims[0][0].job.priority, max(need - free, 0) * 1000, 1, node), None))
+        lack = max(need - free, 0) * 1000
+        heap.append(((victims[0][0].job.priority, lack, 1, -math.inf, node), None))
     heapq.heapify(heap)
     # Cheapest option first, the preemptor's quota with its victims gone (checked only for
     # the options looked at: a cluster has thousands of nodes), then a real placement: enough
@@ -156,13 +159,17 @@ def _plan_on_one_node(
     while heap:
         bound, chosen = heapq.heappop(heap)
         if chosen is None:
-            node = bound[3]
+            node = bound[4]
             chosen = _room_on(node, by_node[node], cap, quota, job)
             if chosen is not None:
+                # Between options of equal priority, GPUs and count, the least work lost:
+                # with the GPUs equal, sum(gpus x -start) orders as the GPU-seconds the
+                # victims have run (the most recently started first), with no clock needed.
                 cost = (
                     max(v.job.priority for v in chosen),
                     sum(v.job.demand.gpu for v in chosen),
                     len(chosen),
+                    -sum(v.job.demand.gpu * v.start_time for v in chosen),
                     node,
                 )
                 heapq.heappush(heap, (cost, chosen))

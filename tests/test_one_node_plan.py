@@ -33,10 +33,12 @@ def _plain(candidates: list[Running], cap, quota, job: Job) -> PreemptionPlan | 
             continue
         chosen = _room_on(node, victims, cap, quota, job)
         if chosen is not None:
+            lost = sum(v.job.demand.gpu * (1000.0 - v.start_time) for v in chosen)
             cost = (
                 max(v.job.priority for v in chosen),
                 sum(v.job.demand.gpu for v in chosen),
                 len(chosen),
+                lost,  # the GPU-seconds the victims have run by now (t = 1000)
                 node,
             )
             options.append((cost, chosen))

@@ -29,6 +29,20 @@ def test_lender_reclaims_borrowed_gpus_after_delay_and_min_runtime():
     assert len(w.state.pending) == 1  # the victim is queued again
 
 
+def test_between_nodes_equal_but_for_their_victims_age_the_youngest_victim_goes():
+    """Two nodes, each held by one of b's 4-GPU jobs: either preemption frees a node and
+    leaves b at its nominal. The one that started last loses the least work and goes, though
+    the other runs on the first node (found by an end-to-end test: the node order decided)."""
+    w = World(cluster(nodes=2, gpus=4), teams(a=4, b=4), POL)
+    w.submit(job("b-old", "b", gpus=4), at=0).cycle(0)
+    w.submit(job("b-young", "b", gpus=4), at=30).cycle(30)
+    nodes = {j: r.placement.replicas[0].node for j, r in w.state.running.items()}
+    assert nodes == {"b-old": 0, "b-young": 1}
+    w.submit(job("a1", "a", gpus=4), at=40)
+    res = w.cycle(400)
+    assert [(p.job_id, p.by) for p in res.preempted] == [("b-young", "a1")]
+
+
 def test_young_victims_are_spared_and_the_engine_says_when_to_look_again():
     w = borrowed_world()
     w.submit(job("a1", "a", gpus=4), at=0)
