@@ -210,14 +210,21 @@ def check_spec(
 
     "Some day" is `admission.check_job`'s: on the empty cluster, with the team's whole
     reachable quota (when `quotas`). An unknown team, a topology level the cluster lacks and a
-    job that can never fit come out in the same form as a malformed spec. `fit=False` skips the
+    job that can never fit come out in the same form as a malformed spec; a job over its team's
+    quota that would not fit the empty cluster either is told both. `fit=False` skips the
     last (a discovered cluster may be smaller now than it will be).
     """
     job = spec.to_job(spec.name, 0.0)
-    rejection = check_job(job, cluster, teams, quotas=quotas, fit=fit)
-    if rejection is None:
-        return None
-    return SpecError([SpecProblem(rejection.field, rejection.message)])
+    invalid = check_job(job, cluster, teams, quotas=False, fit=False)
+    if invalid is not None:  # the rest would not make sense of it
+        return SpecError([SpecProblem(invalid.field, invalid.message)])
+    # Both of these, when both fail: the user fixes them in one go.
+    found = [
+        check_job(job, cluster, teams, quotas=True, fit=False) if quotas else None,
+        check_job(job, cluster, teams, quotas=False, fit=True) if fit else None,
+    ]
+    problems = [SpecProblem(r.field, r.message) for r in found if r is not None]
+    return SpecError(problems) if problems else None
 
 
 def _conflicts(values: Mapping[str, Any], skip: set[str] | None = None) -> list[SpecProblem]:

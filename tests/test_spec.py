@@ -343,6 +343,13 @@ def test_check_spec_accepts_what_fits_and_names_the_field_of_what_never_will():
     assert over is not None and over.problems[0].field == "replicas"
     assert "raise the team's quota" in str(over)
     assert check_spec(quota, CLUSTER, TEAMS, quotas=False) is None
+    # Over its team's quota and too big for any node: both told, so both are fixed at once.
+    both = check_spec(parse_spec(spec(gpus_per_replica=16)), CLUSTER, TEAMS)
+    assert both is not None and [p.field for p in both.problems] == [
+        "replicas",  # a may hold 12 GPUs
+        "gpus_per_replica",  # a node has 8
+    ]
+    assert "may hold at most 12" in str(both) and "does not fit in any one" in str(both)
 
 
 # --- properties ----------------------------------------------------------------------------------
@@ -598,7 +605,8 @@ def test_check_spec_rejects_what_never_fits_naming_a_field(
     data, field, quota_only = drawn
     s = parse_spec(data)
     error = check_spec(s, CLUSTER, TEAMS)
-    assert error is not None and [p.field for p in error.problems] == [field]
+    # One field to change (a gang over both the quota and the cluster is told both, on it).
+    assert error is not None and {p.field for p in error.problems} == {field}
     assert str(error).startswith(f"{field}: ")
     if quota_only:
         return
