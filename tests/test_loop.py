@@ -325,3 +325,48 @@ def test_a_loop_whose_state_drifted_stops_with_the_difference(loop_url: str) -> 
             loop.run()
     finally:
         store.close()
+
+
+def test_the_loop_exports_its_cycles_and_leadership_to_prometheus(loop_url: str) -> None:
+    """`berth scheduler --metrics-port`: each committed cycle's duration and decisions, and
+    whether this process leads, scraped over HTTP as Prometheus would."""
+    import requests
+    from ports import free_port
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from berth.loop_metrics import LoopMetrics
+
+    metrics = LoopMetrics()
+    port = free_port()
+    metrics.serve(port, addr="127.0.0.1")
+
+    def scrape() -> dict[str, float]:
+        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        out = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "le")
+                if "le" not in s.labels:
+                    out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+        return out
+
+    assert scrape()["berth_scheduling_loop_leader"] == 0
+    store = open_store(loop_url)
+    loop = SchedulingLoop(
+        open_store(loop_url), check_s=0.05, on_cycle=metrics.on_cycle, on_lead=metrics.on_lead
+    )
+    try:
+        with running(loop):
+            for n in range(3):
+                store.submit(spec_for(n), job_id=job_id(n))
+            _until(lambda: all(store.status(job_id(n)).state != "queued" for n in range(3)))
+            _until(lambda: scrape().get("berth_admission_cycle_duration_seconds_count", 0) > 0)
+            got = scrape()
+            assert got["berth_scheduling_loop_leader"] == 1
+            assert got["berth_admission_cycle_duration_seconds_count"] == loop.stats.cycles
+            assert 0 < got["berth_admission_cycle_duration_seconds_sum"] < 60
+            admitted = sum(1 for n in range(3) if store.status(job_id(n)).attempt >= 1)
+            assert got["berth_admission_cycle_decisions_total{decision=admitted}"] == admitted
+        assert scrape()["berth_scheduling_loop_leader"] == 0  # stopped: the lease handed back
+    finally:
+        store.close()

@@ -35,17 +35,32 @@ def scheduler(
         typer.Option(help="estimate the waiting jobs' starts this often (0: never)"),
     ] = 30.0,
     max_cycles: Annotated[int | None, typer.Option(help="stop after this many cycles")] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="serve Prometheus metrics (cycle duration, decisions, leadership) on this port"
+        ),
+    ] = None,
 ) -> None:
     """Run the scheduling loop until stopped (SIGTERM, Ctrl-C)."""
     from berth.store.loop import SchedulingLoop  # SQLAlchemy loads only here
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    hooks = {}
+    if metrics_port is not None:
+        from berth.loop_metrics import LoopMetrics
+
+        metrics = LoopMetrics()
+        metrics.serve(metrics_port)
+        hooks = {"on_cycle": metrics.on_cycle, "on_lead": metrics.on_lead}
+        logging.info("metrics on :%d/metrics", metrics_port)
     loop = SchedulingLoop(
         settings().store(),
         ttl_s=ttl_s,
         check_s=check_s,
         self_check_every_s=self_check_every_s,
         eta_every_s=eta_every_s,
+        **hooks,
     )
 
     def stop(signum: int, _frame: object) -> None:

@@ -30,6 +30,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from berth.store.lease import Lease, LeaseLost
@@ -67,7 +68,12 @@ class SchedulingLoop:
         self_check_every_s: float = 600.0,
         eta_every_s: float = 30.0,
         holder: str = "",
+        on_cycle: Callable[[CycleReport, float], None] | None = None,
+        on_lead: Callable[[bool], None] | None = None,
     ) -> None:
+        """`on_cycle(report, seconds)` hears every committed cycle and how long it took, wall
+        clock, from the look at the store to the commit; `on_lead(leading)` every change of
+        leadership (berth/loop_metrics.py exports both to Prometheus)."""
         for name, value in (("ttl_s", ttl_s), ("check_s", check_s)):
             if not value > 0:
                 raise ValueError(f"{name}: must be > 0 seconds, got {value!r}")
@@ -79,6 +85,8 @@ class SchedulingLoop:
         self.self_check_every_s = self_check_every_s
         self.eta_every_s = eta_every_s  # 0: no ETAs
         self._estimating: threading.Thread | None = None
+        self.on_cycle = on_cycle
+        self.on_lead = on_lead
         self.stats = LoopStats()
         self.stop = threading.Event()
 
@@ -111,6 +119,8 @@ class SchedulingLoop:
                     elif was and not held:
                         log.warning("lost the scheduling lease; standing by")
                         self.stats.leader_since = None
+                    if held != was and self.on_lead is not None:
+                        self.on_lead(held)
                 if self.leader:
                     try:
                         if now - last_reap >= self.reap_every_s:
@@ -119,7 +129,10 @@ class SchedulingLoop:
                         due = next_wakeup is not None and now >= next_wakeup
                         if woken or due or now - last_cycle >= self.check_s:
                             if due or self.store.changed():
+                                began = time.perf_counter()
                                 report = self.store.schedule(now, lease=self.lease)
+                                if self.on_cycle is not None:
+                                    self.on_cycle(report, time.perf_counter() - began)
                                 next_wakeup = report.next_wakeup
                                 self.stats.cycles += 1
                                 self.stats.last = report
@@ -141,6 +154,8 @@ class SchedulingLoop:
                     except LeaseLost as e:
                         log.warning("%s; standing by", e)
                         self.stats.leader_since = None
+                        if self.on_lead is not None:
+                            self.on_lead(False)
                     except AssertionError:  # MirrorDiverged: a bug; let a fresh process take over
                         raise
                     except Exception:  # the database went away, say: try again, keep the lease
@@ -159,6 +174,8 @@ class SchedulingLoop:
                 self._estimating.join()  # it reads and writes the store: not past the stop
             if self.leader:
                 self.lease.release()
+                if self.on_lead is not None:
+                    self.on_lead(False)
         return self.stats
 
     def _estimate(self, now: float) -> bool:
