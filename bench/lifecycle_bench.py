@@ -11,9 +11,9 @@ release file, so the benchmark decides when a job ends. One round:
 1. trigger A (vision) and B (language, borrowing) through `POST /dags/berth_job/dagRuns`; they
    fill all 8 GPUs. Sample "trigger to start": from the moment the POST returned to the store's
    `start` event of the job (written by whoever launched it, right after the runtime started
-   every replica: the run task's first cycle here, as the cluster has room); the phases in
+   every replica: the wait task's first cycle here, as the cluster has room); the phases in
    between come from Airflow's task instances and the store's events;
-2. trigger C (vision, 4 GPUs) and wait until its run task is deferred with C queued in the store;
+2. trigger C (vision, 4 GPUs) and wait until its wait task is deferred with C queued in the store;
 3. release A. Sample "freed to start": from A's `finish` event (A's completion trigger ended the
    attempt: the GPUs are free in the store) to C's `start` event (C's admission trigger launched
    it); also from A's replicas' exit (their wrappers' exit files) to C's start, which adds the
@@ -173,7 +173,7 @@ class Round:
             if (
                 job is None
                 or job.state != "queued"
-                or tis.get("job.run", {}).get("state") != "deferred"
+                or tis.get("job.wait", {}).get("state") != "deferred"
             ):
                 return None
             return job.reason_code or "pending"
@@ -221,16 +221,17 @@ class Round:
         st = {k.split(".")[-1]: epoch(ti["start_date"]) for k, ti in tis.items()}
         end = {k.split(".")[-1]: epoch(ti["end_date"]) for k, ti in tis.items()}
         steps = ("validate", "prepare_env", "stage_data")
-        startup = sum(st[s] - q[s] for s in steps) + (st["run"] - q["run"])
-        bodies = sum(end[s] - st[s] for s in steps) + (ev["submit"] - st["run"])
+        # The wait task submits the job and launches it (decision 0017).
+        startup = sum(st[s] - q[s] for s in steps) + (st["wait"] - q["wait"])
+        bodies = sum(end[s] - st[s] for s in steps) + (ev["submit"] - st["wait"])
         return {
             "trigger_to_start": ev["start"] - t0,
             "post_to_first_task_queued": q["validate"] - t0,
             "task_queued_to_running": startup,
             "task_running_to_done": bodies,
             **{f"{step}_running": end[step] - st[step] for step in steps},
-            "run_running_to_submit": ev["submit"] - st["run"],
-            "between_tasks": q["run"] - q["validate"] - sum(end[s] - q[s] for s in steps),
+            "wait_running_to_submit": ev["submit"] - st["wait"],
+            "between_tasks": q["wait"] - q["validate"] - sum(end[s] - q[s] for s in steps),
             "submit_to_admit": ev["admit"] - ev["submit"],
             "admit_to_start": ev["start"] - ev["admit"],
             "replica_started_to_start_event": ev["start"] - self.replica_times(key)[0],

@@ -25,6 +25,9 @@ from scheduling.quota import Team
 from scheduling.resources import GPU_UNIT
 
 POOL_PREFIX = "berth-"
+# The trigger form's defaults for the fields that size a run's pool slots (operators/params.py
+# builds the form with them; the cluster policy reads a conf that leaves them out with them).
+CONF_DEFAULTS = {"replicas": 1, "gpus_per_replica": 1}
 
 
 class PoolSyncError(RuntimeError):
@@ -33,6 +36,23 @@ class PoolSyncError(RuntimeError):
 
 def pool_name(team: str) -> str:
     return f"{POOL_PREFIX}{team}"
+
+
+def pool_for_conf(conf: object) -> tuple[str, int] | None:
+    """(pool, slots) of the run task of a job launched with `conf` (the trigger form's or the
+    REST API's), or None when the conf names no team or its sizes are bad (the validate task
+    names the problem): slots = the gang's GPUs, a share rounded up to one, as for a job
+    written in a DAG file (operators/retries.py)."""
+    if not isinstance(conf, Mapping) or not isinstance(conf.get("team"), str):
+        return None
+    try:
+        replicas = int(conf.get("replicas", CONF_DEFAULTS["replicas"]))
+        gpus = float(conf.get("gpus_per_replica", CONF_DEFAULTS["gpus_per_replica"]))
+    except (TypeError, ValueError):
+        return None
+    if replicas < 1 or not 0 < gpus < math.inf:
+        return None
+    return pool_name(conf["team"]), max(1, math.ceil(replicas * gpus))
 
 
 @dataclass(frozen=True, slots=True)

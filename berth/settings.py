@@ -33,6 +33,9 @@ and nothing secret is written into a DAG or a trigger's serialized kwargs:
   also copied to `<prefix>/<job_id>/<attempt>/` (unset: they stay under BERTH_HOME). The
   endpoint: BERTH_S3_ENDPOINT_URL or MLFLOW_S3_ENDPOINT_URL, else boto3's own
   (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL); credentials: boto3's chain.
+- `BERTH_POOL_SYNC_S`: how often (seconds, default 30) Airflow's API server looks for a
+  changed teams or cluster file and syncs the team pools (plugins/berth_api/pool_sync.py);
+  `0` leaves the pools to `berth pools sync`.
 - `BERTH_AIRFLOW_URL`: the Airflow UI, for links back to a task (default
   `http://localhost:8080`).
 """

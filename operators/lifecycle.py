@@ -1,11 +1,15 @@
 """`gpu_job(...)`: one call gives a job's whole lifecycle as an Airflow TaskGroup.
 
-    validate -> prepare_env -> stage_data -> run -> collect_artifacts -> cleanup
+    validate -> prepare_env -> stage_data -> wait -> run -> collect_artifacts -> cleanup
 
 - validate: a bad spec fails here at once, with no retry, before anything is queued.
 - prepare_env, stage_data: the job's virtualenv and inputs (embedded default: local cache).
-- run: deferrable; submit, admission (engine cycle in the trigger), launch, completion;
-  Airflow retries = spec.retries; a preemption requeues without using one.
+- wait: deferrable; queues the job, waits for its admission (engine cycle in the trigger) and
+  starts the gang; its log tells the job's reason, queue position and expected start as they
+  change, then where it started.
+- run: deferrable; watches the gang to its end, in the team's pool (one slot per GPU), with
+  every rank's output in its log; Airflow retries = spec.retries; a preemption requeues
+  without using one (the run task waits for the new admission itself, in its own log).
 - collect_artifacts: after success or failure of the run (ALL_DONE): every attempt's artifacts
   (the run task already copies each attempt's as it ends; this catches up after a crash and
   reports them all).
@@ -41,8 +45,9 @@ from operators.steps import (
     StageDataOperator,
     ValidateSpecOperator,
 )
+from operators.waiting import WaitForAdmissionOperator
 
-STEPS = ("validate", "prepare_env", "stage_data", "run", "collect_artifacts", "cleanup")
+STEPS = ("validate", "prepare_env", "stage_data", "wait", "run", "collect_artifacts", "cleanup")
 
 
 def gpu_job(
@@ -74,11 +79,22 @@ def gpu_job(
         validate = ValidateSpecOperator(task_id="validate", spec=spec)
         prepare = PrepareEnvironmentOperator(task_id="prepare_env", spec=spec)
         stage = StageDataOperator(task_id="stage_data", spec=spec)
+        wait = WaitForAdmissionOperator(
+            task_id="wait",
+            spec=spec,
+            run_task_id=group.child_id("run"),
+            prepare_task_id=prepare.task_id,
+            stage_task_id=stage.task_id,
+            poll_s=poll_s,
+            notify=notify,
+            notify_waiting_after_s=notify_waiting_after_s,
+        )
         run = BerthRunOperator(
             task_id="run",
             spec=spec,
             prepare_task_id=prepare.task_id,
             stage_task_id=stage.task_id,
+            wait_task_id=wait.task_id,
             poll_s=poll_s,
             heartbeat_s=heartbeat_s,
             notify=notify,
@@ -95,7 +111,7 @@ def gpu_job(
         # the run did, do not decide the DAG run's state (the run task does), and a task after
         # the group waits for the run task, not for them.
         collect.trigger_rule = cleanup.trigger_rule = TriggerRule.ALL_DONE
-        validate >> prepare >> stage >> run >> collect >> cleanup
+        validate >> prepare >> stage >> wait >> run >> collect >> cleanup
     return group
 
 

@@ -27,6 +27,15 @@ log = logging.getLogger(__name__)
 EVENTS = ("admitted", "preempted", "failed", "waiting")
 
 
+def check_waiting_after(seconds: float | None) -> None:
+    """`notify_waiting_after_s` must be seconds > 0, or None for no waiting notice."""
+    if seconds is not None and not seconds > 0:
+        raise ValueError(
+            f"notify_waiting_after_s: must be a number of seconds > 0, got {seconds!r}; or "
+            "None for no waiting notice"
+        )
+
+
 @dataclass(frozen=True)
 class JobMoment:
     """What a notifier's templates see as `berth`."""

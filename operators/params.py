@@ -14,6 +14,7 @@ from typing import Any, get_args
 
 from airflow.sdk import Param
 
+from berth.pools import CONF_DEFAULTS
 from berth.spec_fields import Topology
 
 # A spec given as this string is read from the DAG run's params when the task runs.
@@ -79,7 +80,7 @@ def job_params(teams: list[str], default_command: list[str]) -> dict[str, Param]
             description="Within your team: higher goes first, and may preempt lower.",
         ),
         "replicas": Param(
-            1,
+            CONF_DEFAULTS["replicas"],
             type="integer",
             minimum=1,
             title="Replicas",
@@ -87,7 +88,7 @@ def job_params(teams: list[str], default_command: list[str]) -> dict[str, Param]
             description="Processes in the gang: all start together or none does.",
         ),
         "gpus_per_replica": Param(
-            1,
+            CONF_DEFAULTS["gpus_per_replica"],
             type="number",
             exclusiveMinimum=0,
             title="GPUs per replica",

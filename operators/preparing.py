@@ -7,6 +7,7 @@ retry can fix.
 - `stage`: the embedded default stages into `$BERTH_HOME/data`; Kubernetes into the team's data
   volume with a staging pod. Returns the replicas' variables.
 - `platform_env`: the replicas' variables from what both returned.
+- `plan_launch`: what a launch needs, from the prepare and stage steps' XComs (or done here).
 - `failing_fast`: a failure that needs a fix (a bad requirement, a missing input, a setting,
   a build pip cannot do) becomes AirflowFailException, so the task fails without a retry; one
   that may pass (a broken connection, a server error, a build timeout) goes to Airflow's
@@ -25,8 +26,15 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from berth.spec import JobSpec
 from operators.context import settings
-from operators.environment import EnvironmentBuildError, prepare_environment, prepare_image
+from operators.environment import (
+    EnvironmentBuildError,
+    prepare_environment,
+    prepare_image,
+    spec_for_launch,
+)
+from operators.launching import LaunchPlan
 from operators.staging import StagingError, stage_inputs, stage_on_cluster
+from operators.tracking import TaskRef
 
 
 def prepare(
@@ -86,3 +94,28 @@ def failing_fast(what: str = "") -> Iterator[None]:
         if needs_a_fix(e):
             raise AirflowFailException(f"{what}{e}") from None
         raise
+
+
+def plan_launch(
+    context: Mapping[str, Any],
+    spec: JobSpec,
+    prepare_task_id: str | None,
+    stage_task_id: str | None,
+    log: logging.Logger,
+    task: TaskRef,
+) -> LaunchPlan:
+    """What the launch needs: the prepare and stage steps' XComs, or, for a task used without
+    them, the environment built and the inputs staged here. What retrying cannot fix (a bad
+    requirement, a missing input, a setting) fails the task without a retry. `task`: the run
+    task the attempt belongs to (MLflow's tags and link)."""
+    ti = context["ti"]
+    with failing_fast("the job cannot be prepared:\n"):
+        prepared = ti.xcom_pull(task_ids=prepare_task_id) if prepare_task_id else None
+        if prepared is None:
+            prepared = prepare(spec, log)
+        staged = ti.xcom_pull(task_ids=stage_task_id) if stage_task_id else None
+        if staged is None:
+            staged = stage(spec, log)
+        if settings().runtime_kind == "kubernetes":  # the image replaces `environment`
+            spec = spec_for_launch(spec, prepared)
+    return LaunchPlan(spec.model_dump(mode="json"), platform_env(prepared, staged), task)

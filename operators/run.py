@@ -1,4 +1,5 @@
-"""The run task: submit the job, wait for admission, launch the gang, wait for it to end.
+"""The run task: watch the gang the wait task launched until it ends (or, alone or after a
+preemption or a failed attempt: queue the job, wait for admission and launch it here).
 
 The operator is thin (the waiting and the launch live in `operators.triggers` and
 `operators.launching`, the processes in the runtime, the decisions in the store's engine
@@ -25,10 +26,9 @@ from typing import Any
 from airflow.sdk import BaseNotifier, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
-from berth.spec import JobSpec, SpecError
-from berth.store import DuplicateJobError, JobStatus
+from berth.spec import JobSpec
+from berth.store import JobStatus
 from operators.context import settings
-from operators.environment import spec_for_launch
 from operators.job import SpecArg, check_team_access, job_id_for, labels_for, resolve_spec
 from operators.launching import (
     Launched,
@@ -37,8 +37,9 @@ from operators.launching import (
     LaunchPlan,
     launch_attempt,
 )
-from operators.notifying import JobMoment, notify
-from operators.preparing import failing_fast, platform_env, prepare, stage
+from operators.notifying import JobMoment, check_waiting_after, notify
+from operators.preparing import plan_launch
+from operators.queueing import decide_now, queue_job
 from operators.release import release_job
 from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
 from operators.staging import collect_attempt
@@ -46,9 +47,6 @@ from operators.tracking import MlflowRunLink, TaskRef, close_attempt, push_run_u
 from operators.triggers import AdmissionTrigger, CompletionTrigger
 
 log = logging.getLogger(__name__)
-# How long a worker waits for the scheduling loop's decision on a job it just submitted before
-# it defers to the triggerer: a cycle is milliseconds to a tenth of a second (bench.store_bench).
-DECISION_WAIT_S = 5.0
 
 
 class BerthRunOperator(BaseOperator):
@@ -59,6 +57,8 @@ class BerthRunOperator(BaseOperator):
         `bin_dir`); None prepares it here.
     :param stage_task_id: the task that staged the inputs (its XCom: staged paths); None
         stages them here.
+    :param wait_task_id: the task that queued the job and launched it once admitted
+        (WaitForAdmissionOperator; its XCom says what it launched); None: this task does it.
     :param poll_s: how often the triggers poll the replicas, and at least how often the
         admission trigger's cycle poller runs a cycle (it also runs one whenever the store
         changes).
@@ -74,17 +74,14 @@ class BerthRunOperator(BaseOperator):
         spec: SpecArg,
         prepare_task_id: str | None = None,
         stage_task_id: str | None = None,
+        wait_task_id: str | None = None,
         poll_s: float = 2.0,
         heartbeat_s: float = 10.0,
         notify: Sequence[BaseNotifier] = (),
         notify_waiting_after_s: float | None = None,
         **kwargs: Any,
     ) -> None:
-        if notify_waiting_after_s is not None and not notify_waiting_after_s > 0:
-            raise ValueError(
-                f"notify_waiting_after_s: must be a number of seconds > 0, got "
-                f"{notify_waiting_after_s!r}; or None for no waiting notice"
-            )
+        check_waiting_after(notify_waiting_after_s)
         for key, value in run_task_defaults(spec).items():
             if key in ("pool", "pool_slots"):
                 kwargs.setdefault(key, value)  # an explicit pool wins
@@ -95,6 +92,7 @@ class BerthRunOperator(BaseOperator):
         self.spec = spec
         self.prepare_task_id = prepare_task_id
         self.stage_task_id = stage_task_id
+        self.wait_task_id = wait_task_id
         self.poll_s = poll_s
         self.heartbeat_s = heartbeat_s
         self.notify = tuple(notify)
@@ -112,38 +110,35 @@ class BerthRunOperator(BaseOperator):
         # holds GPUs it cannot use yet.
         plan = self._plan(context, spec)
         store = s.store()
-        try:
-            st = store.submit(spec, job_id=job_id, labels=labels_for(context, self.task_id))
-        except SpecError as e:
-            raise AirflowFailException(f"the job spec cannot run:\n{e}") from None
-        except DuplicateJobError as e:
-            raise AirflowFailException(str(e)) from None
-        self.log.info("job %s: %s (attempt %d so far)", job_id, st.state, st.attempt)
-        if st.state == "failed":  # a new Airflow try is a new attempt of the same job
-            st = store.retry(job_id)
-            self.log.info("job %s queued again for attempt %d", job_id, st.attempt + 1)
-        elif st.state == "succeeded":
+        handed = self._handed_over(context)
+        if handed.get("status") == "launch_failed" and context["ti"].try_number <= 1:
+            # The wait task's launch failed (the store has the attempt as failed): this try's
+            # failure, so that Airflow retries by the spec.
+            raise self._launch_failed(
+                context, spec, job_id, int(handed["attempt"]), str(handed.get("message"))
+            )
+        st = queue_job(store, spec, job_id, labels_for(context, self.task_id), self.log)
+        if st.state == "succeeded":
             self.log.info(
                 "job %s already succeeded (attempt %d); nothing to run", job_id, st.attempt
             )
             return self._result(st)
         elif st.terminal:
             raise AirflowFailException(f"job {job_id} is {st.state}: {st.message or ''}")
-        elif st.state == "running":  # resumed after the launch: watch it again
-            return self._watch_again(context, store, st)
+        elif st.state == "running":
+            if handed.get("status") == "running" and int(handed["attempt"]) == st.attempt:
+                # Launched by the wait task: link it, tell the notifiers, watch it.
+                launched = Launched(st.attempt, handed["launch"], handed.get("mlflow_url"))
+                return self._watch(context, job_id, launched)
+            return self._watch_again(context, store, st)  # resumed after a restart
         elif st.state == "preempting":
             return self._requeue(context, job_id, st.attempt, "preempting")
-        # Fast path: a job the cluster has room for launches at once, without a round trip
-        # through the triggerer (seconds saved; and no deferral that a trigger could answer
-        # before Airflow has processed the worker's exit: apache/airflow#72716). The
-        # scheduling loop, when one leads, was woken by the submission: wait for its decision;
-        # without one, run a cycle here.
-        if store.loop_holder() is not None:
-            st = store.decided(job_id, timeout_s=DECISION_WAIT_S)
-        else:
-            store.reap()
-            store.schedule()
-            st = store.status(job_id)
+        # Fast path: a job the cluster has room for (or the wait task saw admitted) launches
+        # at once, without a round trip through the triggerer (seconds saved; and no deferral
+        # that a trigger could answer before Airflow has processed the worker's exit:
+        # apache/airflow#72716).
+        if st.state != "admitted":
+            st = decide_now(store, job_id)
         if st.state == "admitted" and store.launchable(job_id):
             try:
                 launched = launch_attempt(plan, job_id, st.attempt)
@@ -157,22 +152,17 @@ class BerthRunOperator(BaseOperator):
         return None
 
     def _plan(self, context: Context, spec: JobSpec) -> LaunchPlan:
-        """What the launch needs: the prepare and stage steps' XComs, or, for a run task used
-        without them, the environment built and the inputs staged here. What retrying cannot
-        fix (a bad requirement, a missing input, a setting) fails the task without a retry."""
-        ti = context["ti"]
-        with failing_fast("the job cannot be prepared:\n"):
-            prepared = ti.xcom_pull(task_ids=self.prepare_task_id) if self.prepare_task_id else None
-            if prepared is None:
-                prepared = prepare(spec, self.log)
-            staged = ti.xcom_pull(task_ids=self.stage_task_id) if self.stage_task_id else None
-            if staged is None:
-                staged = stage(spec, self.log)
-            if settings().runtime_kind == "kubernetes":  # the image replaces `environment`
-                spec = spec_for_launch(spec, prepared)
-        return LaunchPlan(
-            spec.model_dump(mode="json"), platform_env(prepared, staged), TaskRef.of(context)
+        return plan_launch(
+            context, spec, self.prepare_task_id, self.stage_task_id, self.log, TaskRef.of(context)
         )
+
+    def _handed_over(self, context: Context) -> dict[str, Any]:
+        """What the wait task of the same `gpu_job` group returned (its XCom), or {} for a
+        run task that runs alone."""
+        if self.wait_task_id is None:
+            return {}
+        got = context["ti"].xcom_pull(task_ids=self.wait_task_id)
+        return dict(got) if isinstance(got, Mapping) else {}
 
     def _defer_admission(self, job_id: str, plan: LaunchPlan, *, notice: bool = True) -> None:
         """Wait for admission; with notifiers and a threshold, the trigger fires `waiting`

@@ -38,6 +38,8 @@ from operators.release import release_job
 # So an event is held back until the trigger is this old; only very quick answers wait. The
 # work itself (a launch, the end of an attempt) is never held back, only the event.
 MIN_EVENT_AGE_S = 8.0
+# How often a waiting job's trigger reads its ETA (the loop refreshes them every 30 s).
+ETA_EVERY_S = 30.0
 
 
 async def _not_before(started: float) -> None:
@@ -52,13 +54,14 @@ class AdmissionTrigger(BaseTrigger):
 
     The waiting is this process's `CyclePoller` (one engine cycle when the store changed, for
     all waiting jobs at once; on the embedded default there is no engine daemon). While the job
-    waits the trigger logs its reason and queue position whenever they change, so the task log
-    says why it waits. Once admitted, the trigger launches the gang (`launch_attempt`) and fires
-    `{"status": "running", "attempt": n, "launch": {...}, "mlflow_url": ...}`; a launch that
-    failed fires `launch_failed` (the store has the attempt as failed). A job found running (a
-    launch it did not make) fires `running` without a launch; one that ended meanwhile
-    (cancelled, rejected) or is being preempted fires its state. With `notify_at`, a job still
-    waiting then fires `waiting` (with its plan) for the operator's notification.
+    waits the trigger logs its reason and queue position whenever they change, and its expected
+    start (the scheduling loop's ETA) when that moves by a minute or more, so the task log says
+    why it waits and until when. Once admitted, the trigger launches the gang (`launch_attempt`)
+    and fires `{"status": "running", "attempt": n, "launch": {...}, "mlflow_url": ...}`; a
+    launch that failed fires `launch_failed` (the store has the attempt as failed). A job found
+    running (a launch it did not make) fires `running` without a launch; one that ended
+    meanwhile (cancelled, rejected) or is being preempted fires its state. With `notify_at`, a
+    job still waiting then fires `waiting` (with its plan) for the operator's notification.
     """
 
     def __init__(
@@ -88,9 +91,21 @@ class AdmissionTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         store = settings().store()
         poller = CyclePoller.of(store)
-        plan = LaunchPlan.from_dict(self.plan)
         started = time.monotonic()
         said: list[str] = []
+        # In this trigger's own context (a task copies it), so its lines reach this job's log.
+        etas = asyncio.create_task(self._say_etas(store))
+        try:
+            async for event in self._wait(store, poller, started, said):
+                yield event
+                return
+        finally:
+            etas.cancel()
+
+    async def _wait(
+        self, store: Any, poller: CyclePoller, started: float, said: list[str]
+    ) -> AsyncIterator[TriggerEvent]:
+        plan = LaunchPlan.from_dict(self.plan)
         while True:
             waiting = poller.wait(
                 self.job_id, poll_s=self.poll_s, on_queued=lambda st: self._say(st, said)
@@ -124,6 +139,23 @@ class AdmissionTrigger(BaseTrigger):
                 mlflow_url=launched.mlflow_url,
             )
             return
+
+    async def _say_etas(self, store: Any) -> None:
+        """Log the job's expected start whenever it moves by a minute or more (the scheduling
+        loop refreshes ETAs about every 30 s; with no loop there are none, and nothing is said)."""
+        last: tuple[int, str] | None = None
+        while True:
+            try:
+                eta = (await asyncio.to_thread(store.etas, [self.job_id])).get(self.job_id)
+            except Exception as e:  # the store away for a moment: the wait itself says so
+                self.log.debug("job %s: no ETA read (%s)", self.job_id, e)
+                eta = None
+            if eta is not None and (now := (round(eta.at / 60), eta.basis)) != last:
+                last = now
+                at = time.strftime("%Y-%m-%d %H:%M", time.gmtime(eta.at))
+                basis = "at the latest, from time limits" if eta.basis == "limits" else "estimate"
+                self.log.info("job %s expected to start %s UTC (%s)", self.job_id, at, basis)
+            await asyncio.sleep(ETA_EVERY_S)
 
     def _say(self, st: JobStatus, said: list[str]) -> None:
         if st.state == "admitted":

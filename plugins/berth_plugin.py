@@ -1,6 +1,7 @@
 """Registers Berth's FastAPI app (plugins/berth_api) with Airflow, at `/berth` in the API server,
 and its pages in Airflow's UI: "GPU queues" and "Cluster map" in the navigation, and "Berth
-job" on every task instance (external views, shown in an iframe inside Airflow's UI).
+job" on every task instance (external views, shown in an iframe inside Airflow's UI). The API
+server also keeps the team pools in step with the teams file.
 
 Every Airflow process loads the plugins folder: the scheduler, the triggerer, the DAG processor
 and each task's process. Only the API server mounts the app, so the app (FastAPI, Airflow's
@@ -21,9 +22,12 @@ URL_PREFIX = "/berth"
 
 @cache
 def berth_app() -> dict[str, Any]:
-    """The app, built once per process."""
+    """The app, built once per process; and, in the API server that mounts it, the team pools
+    kept in step with the teams file (plugins/berth_api/pool_sync.py)."""
     from plugins.berth_api.app import create_app
+    from plugins.berth_api.pool_sync import start_pool_sync
 
+    start_pool_sync()
     return {"app": create_app(), "url_prefix": URL_PREFIX, "name": "Berth"}
 
 

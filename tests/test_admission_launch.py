@@ -255,3 +255,49 @@ def test_each_waiter_hears_its_status_in_its_own_context(store: Store) -> None:
     done = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert [st.state for st in done] == ["admitted"] * 3
     assert heard == {f"w{i}": {100 + i} for i in range(3)}
+
+
+class _Said:
+    """A stand-in for a trigger's logger: what it said, formatted."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, msg: str, *args: Any) -> None:
+        self.lines.append(msg % args)
+
+    warning = info
+
+
+def test_a_waiting_jobs_trigger_says_why_where_it_stands_and_when_it_may_start(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the job waits, its own trigger's log (the wait task's log) says its reason, its
+    place in its team's queue and its expected start; then that it started."""
+    monkeypatch.setattr(triggers, "ETA_EVERY_S", 0.05)
+    holder = _submit(store, "holder", 2, 4, HOUR)
+    _run_now(store, "holder", holder)  # all 8 GPUs
+    plan = _submit(store, "patient", 1, 4, 0.1)
+    assert store.estimate_starts() == 1
+    eta = store.etas(["patient"])["patient"]
+    trigger = triggers.AdmissionTrigger("patient", plan.to_dict(), poll_s=HOUR)
+    said = _Said()
+    trigger._log = said  # LoggingMixin keeps its logger here
+
+    async def scenario() -> dict[str, Any]:
+        first = asyncio.create_task(_first_event(trigger))
+        await asyncio.sleep(0.5)
+        assert not first.done()
+        await asyncio.to_thread(store.cancel, "holder", message="test")
+        return await first
+
+    event = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert (event["status"], event["attempt"]) == ("running", 1)
+    at = time.strftime("%Y-%m-%d %H:%M", time.gmtime(eta.at))
+    basis = "at the latest, from time limits" if eta.basis == "limits" else "estimate"
+    assert f"job patient expected to start {at} UTC ({basis})" in said.lines, said.lines
+    reasons = [line for line in said.lines if line.startswith("job patient queued: ")]
+    assert reasons and "(position 1 in team vision's queue)" in reasons[0], said.lines
+    assert said.lines[-1] == "job patient attempt 1 started"
+    # Said once each: a line is repeated only when what it says changes.
+    assert len(reasons) == len(set(reasons)) and len(said.lines) == len(set(said.lines))

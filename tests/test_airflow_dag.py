@@ -118,6 +118,10 @@ def test_gang_job_runs_the_training_and_succeeds(airflow_env: dict[str, str]) ->
         assert len(set(gpus)) == 2 and all(0 <= g < node.gpus for g in gpus)
         types = [e.type for e in store.events(job.id)]
         assert types[:3] == ["submit", "admit", "start"] and types[-1] == "finish"
+    # The wait task queued and started the gang, and told the run task so (its XCom).
+    handed = result["xcoms"]["train.wait"]
+    assert (handed["status"], handed["job_id"], handed["attempt"]) == ("running", job.id, 1)
+    assert handed["placement"].startswith(job.nodes[0]), handed
     outputs = Path(airflow_env["BERTH_HOME"], "artifacts", job.id, "1", "outputs")
     metrics = json.loads((outputs / "metrics.json").read_text())
     assert metrics["world"] == 2 and metrics["accuracy"] > 0.7  # both ranks trained together

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from operators.lifecycle import STEPS
+
 REPO = Path(__file__).resolve().parent.parent
 
 PROBE = """
@@ -51,11 +53,16 @@ def test_every_dag_imports_and_is_wired(tmp_path: Path) -> None:
     assert set(got["dags"]) == {"berth_job", "example_train_pipeline", "berth_maintenance"}
     assert list(got["dags"]["berth_maintenance"]) == ["sweep"]
     form = got["dags"]["berth_job"]
-    assert list(form) == [f"job.{s}" for s in ("validate", "prepare_env", "stage_data", "run",
-                                                 "collect_artifacts", "cleanup")]  # fmt: skip
+    assert list(form) == [f"job.{s}" for s in STEPS]
+    assert STEPS == ("validate", "prepare_env", "stage_data", "wait", "run", "collect_artifacts",
+                     "cleanup")  # fmt: skip
+    # Waiting takes no team slot (a deferred task counts in no pool here): the run task does.
+    assert form["job.wait"]["pool"] == "default_pool"
     assert form["job.run"]["links"] == ["MLflow run"]
     assert form["job.cleanup"]["teardown"] and form["job.collect_artifacts"]["teardown"]
     # Written as code, the team is known at parse time: its pool, one slot per GPU.
     runs = {k: v for k, v in got["dags"]["example_train_pipeline"].items() if k.endswith(".run")}
     assert runs and all(v["pool"].startswith("berth-") for v in runs.values())
     assert all(v["slots"] >= 1 for v in runs.values())
+    waits = {k: v for k, v in got["dags"]["example_train_pipeline"].items() if k.endswith(".wait")}
+    assert waits.keys() == {k[: -len("run")] + "wait" for k in runs}

@@ -40,6 +40,7 @@ from berth.runtime.kubernetes.pods import COMPONENT
 from berth.runtime.kubernetes.staging import staging_name
 from berth.spec import Environment
 from berth.store import JobStatus, Store
+from operators.lifecycle import STEPS
 from scheduling.config import load_cluster, load_teams
 
 REPO = Path(__file__).resolve().parent.parent
@@ -247,8 +248,7 @@ def test_an_environment_job_with_inputs_runs_its_built_image_on_staged_data(
     )
 
     assert {t: s for t, (s, _) in result["tis"].items()} == {
-        f"train.{step}": "success"
-        for step in ("validate", "prepare_env", "stage_data", "run", "collect_artifacts", "cleanup")
+        f"train.{step}": "success" for step in STEPS
     }
     # Built once, by one builder pod that is gone now; the registry has the image it pushed.
     assert [(name, code) for name, _, code in site.kaniko.ended] == [(builder, 0)]

@@ -18,7 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from hypothesis import given
 from hypothesis import strategies as st
 
-from berth.pools import team_pools
+from berth.pools import CONF_DEFAULTS, pool_for_conf, team_pools
 from berth.spec import SpecError, parse_spec
 from operators.environment import env_key, prepare_environment
 from operators.job import job_id_for, resolve_spec
@@ -59,7 +59,8 @@ def test_admission_trigger_serialize_round_trips() -> None:
     first, second = _roundtrip(AdmissionTrigger("job-1", plan.to_dict(), poll_s=0.5))
     assert first == second
     assert first[0] == "operators.triggers.AdmissionTrigger"
-    assert first[1] == {"job_id": "job-1", "plan": plan.to_dict(), "poll_s": 0.5, "notify_at": None}
+    kwargs = {"job_id": "job-1", "plan": plan.to_dict(), "poll_s": 0.5, "notify_at": None}
+    assert first[1] == kwargs
     # What the trigger launches from is what the task planned, after the trip through JSON.
     assert LaunchPlan.from_dict(json.loads(json.dumps(first[1]["plan"]))) == plan
     # No store URL or credential in the row: only the spec, the replicas' variables, the task.
@@ -158,6 +159,60 @@ def test_team_pools_are_each_teams_reach_capped_at_the_cluster() -> None:
     assert pools == {"berth-vision": 8, "berth-language": 4, "berth-research": 2}
     unlimited = parse_teams([{"name": "a", "nominal": {"gpus": 6}}])  # no borrowing limit
     assert [p.slots for p in team_pools(unlimited, CLUSTER)] == [8]  # the cluster has 8
+
+
+def test_a_run_launched_with_a_conf_gets_its_teams_pool_one_slot_per_gpu() -> None:
+    assert pool_for_conf({"team": "vision", "replicas": 2, "gpus_per_replica": 4}) == (
+        "berth-vision",
+        8,
+    )
+    assert pool_for_conf({"team": "language", "replicas": 3, "gpus_per_replica": 0.25}) == (
+        "berth-language",
+        1,  # a share rounds up to a whole slot
+    )
+    # Fields the conf leaves out take the form's defaults, the very ones the form shows.
+    form = job_params(sorted(TEAMS), ["true"])
+    assert {k: form[k].value for k in CONF_DEFAULTS} == CONF_DEFAULTS
+    assert pool_for_conf({"team": "research"}) == ("berth-research", 1)
+    # No team, or sizes the validate task will refuse: no pool decided here.
+    for bad in (None, [], {}, {"team": 3}, {"team": "a", "replicas": 0},
+                {"team": "a", "gpus_per_replica": "x"}, {"team": "a", "gpus_per_replica": -1},
+                {"team": "a", "gpus_per_replica": float("inf")}):  # fmt: skip
+        assert pool_for_conf(bad) is None, bad
+
+
+def test_the_cluster_policy_sets_the_pool_of_a_form_launched_run_task_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """plugins/airflow_local_settings.py on stand-ins for Airflow's task instance and run (the
+    real scheduler applies it in tests/test_standalone.py)."""
+    from plugins import airflow_local_settings as policy
+
+    exists = {"berth-vision"}
+    monkeypatch.setattr(policy, "_pool_exists", lambda run, pool: pool in exists)
+
+    class TI:
+        def __init__(self, operator: str, pool: str = "default_pool") -> None:
+            self.operator, self.pool, self.pool_slots = operator, pool, 1
+
+    class Run:
+        def __init__(self) -> None:
+            self.conf = {"team": "vision", "replicas": 2, "gpus_per_replica": 2}
+
+    run_ti = TI("BerthRunOperator")
+    policy.task_instance_mutation_hook(run_ti, Run())
+    assert (run_ti.pool, run_ti.pool_slots) == ("berth-vision", 4)
+    for ti, dag_run in (
+        (TI("WaitForAdmissionOperator"), Run()),  # only the run task takes the team's slots
+        (TI("BerthRunOperator", pool="berth-language"), Run()),  # set by the DAG file: kept
+        (TI("BerthRunOperator"), None),
+    ):
+        policy.task_instance_mutation_hook(ti, dag_run)
+        assert ti.pool_slots == 1 and ti.pool in ("default_pool", "berth-language")
+    exists.clear()  # not synced yet: Airflow would never schedule from a missing pool
+    late = TI("BerthRunOperator")
+    policy.task_instance_mutation_hook(late, Run())
+    assert (late.pool, late.pool_slots) == ("default_pool", 1)
 
 
 @given(

@@ -11,6 +11,7 @@ Airflow's API server, a token opens the API, no token or a viewer's token to can
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -314,7 +315,7 @@ def test_a_task_instance_finds_the_job_of_its_gpu_job_group(
 
     run1 = {"dag_id": "train", "run_id": "run-1"}
     assert found(**run1) == ["r1", "b1", "m0", "m1"]
-    for task in ("resnet.run", "resnet.validate", "resnet.cleanup"):
+    for task in ("resnet.run", "resnet.wait", "resnet.validate", "resnet.cleanup"):
         assert found(**run1, task_id=task) == ["r1"], task
     assert found(dag_id="train", run_id="run-2", task_id="resnet.stage_data") == ["r2"]
     assert found(**run1, task_id="sweep.run", map_index=1) == ["m1"]
@@ -487,9 +488,11 @@ def test_airflow_loads_only_the_registration_and_it_builds_nothing() -> None:
         "p.BerthPlugin().fastapi_apps; "
         "print(sorted(m for m in ('fastapi', 'plugins.berth_api') if m in sys.modules))"
     )
+    env = {**os.environ, "BERTH_POOL_SYNC_S": "0"}  # no Airflow database here to sync into
     done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+        [sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     printed = [ln for ln in done.stdout.splitlines() if ln.startswith("[")]  # not Airflow's log
     assert printed == ["[]", "['fastapi', 'plugins.berth_api']"]
@@ -508,6 +511,8 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowD
     home = root / "berth"
     access = root / "access.yaml"  # who may use which team: admin vision, viewer research
     access.write_text("teams:\n  vision: [admin]\n  research: [viewer]\n")
+    teams = root / "teams.yaml"  # the repo's, in a file the pool test may change
+    teams.write_text((REPO / "config" / "teams.yaml").read_text())
     af = AirflowDeployment(
         root,
         dags,
@@ -515,6 +520,8 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowD
         extra_env={
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
             "BERTH_ACCESS": str(access),
+            "BERTH_TEAMS": str(teams),
+            "BERTH_POOL_SYNC_S": "0.5",
         },
     )
     try:
@@ -585,3 +592,32 @@ def test_the_plugin_loads_in_airflow_behind_its_login(
     names = {f.name for f in text_string_to_metric_families(metrics.text)}
     assert {"berth_pending_jobs", "berth_finished_jobs", "berth_cluster_gpus"} <= names
     assert 'berth_finished_jobs_total{outcome="cancelled",team="vision"} 1.0' in metrics.text
+
+
+def test_the_api_server_keeps_the_team_pools_in_step_with_the_teams_file(
+    airflow: tuple[AirflowDeployment, Path],
+) -> None:
+    """No `berth pools sync` by hand: the API server creates a pool per team (slots: the GPUs
+    the team may reach, deferred tasks not counted) and updates it when the file changes."""
+    af, _ = airflow
+    teams_file = Path(af.env["BERTH_TEAMS"])
+    before = teams_file.read_text()
+
+    def team_pools() -> dict[str, tuple[int, bool]]:
+        pools = af.api.call("GET", "/pools")["pools"]
+        return {p["name"]: (p["slots"], p["include_deferred"]) for p in pools
+                if p["name"].startswith("berth-")}  # fmt: skip
+
+    wanted = {"berth-vision": (8, False), "berth-language": (4, False)}
+    wanted["berth-research"] = (2, False)
+    wait_for(lambda: team_pools() == wanted, f"the team pools {wanted}", 60)
+    try:
+        more = before.replace("borrowing_limit: {gpus: 0}", "borrowing_limit: {gpus: 3}")
+        assert more != before
+        teams_file.write_text(more)
+        wanted["berth-research"] = (5, False)
+        wait_for(lambda: team_pools() == wanted, "berth-research resized to 5 slots", 60)
+    finally:
+        teams_file.write_text(before)
+    wanted["berth-research"] = (2, False)
+    wait_for(lambda: team_pools() == wanted, "berth-research back to 2 slots", 60)

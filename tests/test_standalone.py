@@ -29,17 +29,17 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from airflow_server import USER, AirflowDeployment
+from airflow_server import AirflowDeployment
 from store_workload import audit
 from waiting import wait_for
 
-from berth.pools import sync_pools
 from berth.runtime import LocalRuntime
 from berth.store import Event, JobStatus, Store
 from scheduling.config import load_cluster, load_teams
@@ -151,17 +151,38 @@ class Platform:
         return LocalRuntime(self.berth_home / "runs")
 
 
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    root = tmp_path_factory.mktemp("standalone")
+def form_dag_folder(root: Path) -> Path:
+    """`root/dags` with the trigger form's DAG (`berth_job`) and the demo's training code."""
     dags = root / "dags"
     dags.mkdir()
     shutil.copy(REPO / "dags" / "berth_job.py", dags / "berth_job.py")
     shutil.copytree(
         REPO / "dags" / "training", dags / "training", ignore=shutil.ignore_patterns("__pyc*")
     )
+    return dags
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    root = tmp_path_factory.mktemp("standalone")
+    dags = form_dag_folder(root)
     (dags / "t_teams.py").write_text(TEAMS_DAG)
     (dags / "t_admission.py").write_text(ADMISSION_DAG)
+    extra_env = {
+        # A killed triggerer's triggers go to another one within ~10 s (default 30 s).
+        "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+        "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
+    }
+    with deployed(root, dags, extra_env, ("t_teams", "t_admission", "berth_job")) as platform:
+        yield platform
+
+
+@contextmanager
+def deployed(
+    root: Path, dags: Path, extra_env: dict[str, str], dag_ids: Iterable[str]
+) -> Iterator[Platform]:
+    """The four components on `dags`, Berth's store under `root/berth`, until the block ends;
+    the DAGs parsed and the team pools made by the API server's plugin (no sync by hand)."""
     berth_home = root / "berth"
     airflow = AirflowDeployment(
         root,
@@ -172,9 +193,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
             "AIRFLOW__CORE__PARALLELISM": "6",
             # The DAG files do not change: parse them once, not every 30 s.
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
-            # A killed triggerer's triggers go to another one within ~10 s (default 30 s).
-            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
-            "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
+            **extra_env,
         },
     )
     store: Store | None = None
@@ -182,9 +201,12 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         airflow.start_all()
         berth_home.mkdir(parents=True, exist_ok=True)
         store = Store(f"sqlite:///{berth_home / 'berth.db'}", CLUSTER, TEAMS)
-        sync_pools(airflow.url, USER, airflow.password, TEAMS, CLUSTER)
-        for dag_id in ("t_teams", "t_admission", "berth_job"):
+        for dag_id in dag_ids:
             wait_for(lambda d=dag_id: airflow.api.dag_known(d), f"DAG {dag_id} parsed", 300, 1.0)
+        pools = {f"berth-{t}" for t in TEAMS}
+        wait_for(
+            lambda: pools <= {p["name"] for p in airflow.api.pools()}, "the team pools", 120, 1.0
+        )
         yield Platform(airflow, store, berth_home)
     finally:
         airflow.stop()
@@ -335,6 +357,12 @@ def test_a_killed_replica_fails_the_gang_and_the_retry_succeeds(
     assert state == "success", _failure_report(af, tis)
     [run_ti] = [ti for ti in tis if ti["task_id"] == "job.run"]
     assert (run_ti["state"], run_ti["try_number"]) == ("success", 2)  # Airflow retried once
+    # Launched from the REST API, the team only in the run's conf: the cluster policy
+    # (operators/policy.py) gave the run task its team's pool, one slot per GPU; the wait
+    # took no team slot.
+    assert (run_ti["pool"], run_ti["pool_slots"]) == ("berth-language", 2)
+    [wait_ti] = [ti for ti in tis if ti["task_id"] == "job.wait"]
+    assert (wait_ti["state"], wait_ti["pool"]) == ("success", "default_pool")
 
     [job] = _jobs_of(store, run_id)
     assert (job.state, job.attempt, job.exit_code) == ("succeeded", 2, 0)

@@ -2,9 +2,10 @@
 job (`operators/job.py`, `labels_for`): `dag_id`, `run_id`, `task_id` (the run task's id, e.g.
 `train.run`), `map_index` and `try_number`.
 
-A `gpu_job(...)` task group has six tasks (validate, prepare_env, stage_data, run,
-collect_artifacts, cleanup) and only `run` submits the job, so every task of the group
-belongs to it: a task matches a job when its id is the run task's id or shares its group.
+A `gpu_job(...)` task group has seven tasks (validate, prepare_env, stage_data, wait, run,
+collect_artifacts, cleanup) and only `wait` and `run` submit the job (under the run task's
+id), so every task of the group belongs to it: a task matches a job when its id is the run
+task's id or shares its group.
 """
 
 from __future__ import annotations

@@ -1,0 +1,63 @@
+"""Airflow cluster policy: the run task of a job launched from the form or the REST API takes
+its team's pool, one slot per GPU.
+
+A job written in a DAG file gets its pool when the file is parsed (operators/retries.py); one
+launched from `berth_job`'s form names its team only in the run's `conf`, which Airflow knows
+when it creates the run's task instances. This hook sets the pool then.
+
+Airflow imports `airflow_local_settings` from its config folder or its plugins folder (both on
+its `sys.path`); Berth's deployments point the plugins folder here (scripts/airflow.sh, the
+Helm values), so the policy comes with the plugin. It is a local settings file rather than an
+`airflow.policy` entry point because Airflow 3.3 calls `task_instance_mutation_hook` while it
+creates a run's task instances only when a local settings file defines it (an entry point's
+hook is skipped there: `settings.task_instance_mutation_hook.is_noop`). An admin's own
+`$AIRFLOW_HOME/config/airflow_local_settings.py` comes first on the path: it should import
+this hook to keep it.
+
+It runs inside the scheduler's transaction: it reads through the session the DAG run is bound
+to and never commits (the hookspec's rule). A team whose pool does not exist (not synced yet)
+keeps the default pool rather than one Airflow would never schedule from; an unknown team
+fails the validate task anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from berth.pools import pool_for_conf
+
+log = logging.getLogger(__name__)
+RUN_OPERATOR = "BerthRunOperator"
+
+__all__ = ["task_instance_mutation_hook"]
+
+
+def task_instance_mutation_hook(task_instance: Any, dag_run: Any = None) -> None:
+    if getattr(task_instance, "operator", None) != RUN_OPERATOR or dag_run is None:
+        return
+    if task_instance.pool != "default_pool":  # the DAG file gave it one (or an explicit pool)
+        return
+    found = pool_for_conf(getattr(dag_run, "conf", None))
+    if found is None:
+        return
+    pool, slots = found
+    if not _pool_exists(dag_run, pool):
+        log.warning(
+            "berth: no pool %s yet (`berth pools sync`); the run task keeps default_pool", pool
+        )
+        return
+    task_instance.pool = pool
+    task_instance.pool_slots = slots
+
+
+def _pool_exists(dag_run: Any, pool: str) -> bool:
+    from airflow.models.pool import Pool
+    from sqlalchemy import select
+    from sqlalchemy.orm import object_session
+
+    session = object_session(dag_run)
+    if session is None:
+        return False
+    with session.no_autoflush:
+        return session.scalar(select(Pool.id).where(Pool.pool == pool)) is not None
