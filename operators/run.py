@@ -217,11 +217,10 @@ class BerthRunOperator(BaseOperator):
 
     def _watch(self, context: Context, job_id: str, launched: Launched) -> None:
         push_run_url(context, launched.mlflow_url)
-        self.log.info("job %s attempt %d running", job_id, launched.attempt)
+        placement = settings().store().status(job_id).placement
+        where = ", ".join(f"{r.node} GPUs {list(r.gpus)}" for r in placement) or "-"
+        self.log.info("job %s attempt %d running on %s", job_id, launched.attempt, where)
         if self.notify:
-            where = " ".join(
-                f"{r.node}:{list(r.gpus)}" for r in settings().store().status(job_id).placement
-            )
             self._notify(context, "admitted", job_id, f"attempt {launched.attempt} on {where}")
         self._defer_completion(job_id, launched.attempt, launched.launch)
 

@@ -59,9 +59,24 @@ class AirflowAPI:
         return r.json()
 
     def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None) -> str:
-        """A new run of `dag_id` (now, with `conf`); its run id."""
+        """A new run of `dag_id` (now, with `conf`); its run id.
+
+        Tried again (twice at most) when Airflow answers 500 "Database error": on SQLite, its
+        single writer, a busy scheduler can hold the lock past the API server's 5 s busy
+        timeout, and the request's first write (its audit log row, before the run is made)
+        fails; nothing was created, so a new try is safe (seen once in CI, on 2 busy cores)."""
         body = {"logical_date": None, "conf": dict(conf or {})}
-        return str(self.call("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"])
+        path = f"/dags/{dag_id}/dagRuns"
+        for _ in range(2):
+            r = self.http.post(f"{self.url}/api/v2{path}", json=body, timeout=60)
+            if not (r.status_code == 500 and "Database error" in r.text):
+                break
+            time.sleep(2.0)
+        else:  # a third and last try, its answer as it comes
+            return str(self.call("POST", path, json=body)["dag_run_id"])
+        if r.status_code >= 400:
+            raise AssertionError(f"POST /api/v2{path}: {r.status_code} {r.text[:1000]}")
+        return str(r.json()["dag_run_id"])
 
     def run_state(self, dag_id: str, run_id: str) -> str:
         return str(self.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"])
