@@ -1,5 +1,10 @@
 """Airflow cluster policy: the run task of a job launched from the form or the REST API takes
-its team's pool, one slot per GPU; and the run gets a note naming the job and its team.
+its team's pool, one slot per GPU.
+
+It does not name the run (a note): Airflow's trigger endpoint sets a user's note after the
+run's task instances are made, through an association proxy that, finding a note already
+there, stores the (note, user) pair as its text, and the endpoint then fails (a 500 seen in
+the demo, which gives each run a note).
 
 A job written in a DAG file gets its pool when the file is parsed (operators/retries.py); one
 launched from `berth_job`'s form names its team only in the run's `conf`, which Airflow knows
@@ -41,7 +46,6 @@ def task_instance_mutation_hook(task_instance: Any, dag_run: Any = None) -> None
     found = pool_for_conf(getattr(dag_run, "conf", None))
     if found is None:
         return
-    _name_run(dag_run)
     pool, slots = found
     if not _pool_exists(dag_run, pool):
         log.warning(
@@ -50,19 +54,6 @@ def task_instance_mutation_hook(task_instance: Any, dag_run: Any = None) -> None
         return
     task_instance.pool = pool
     task_instance.pool_slots = slots
-
-
-def _name_run(dag_run: Any) -> None:
-    """The run's note says which job and team it is ("train-a (team vision)"), so a run
-    named `manual__<time>` can be told apart in the runs list; a note the user gave stays."""
-    conf = dag_run.conf
-    if not isinstance(conf.get("name"), str):
-        return
-    try:
-        if not dag_run.note:
-            dag_run.note = f"{conf['name']} (team {conf['team']})"
-    except Exception:  # a note is a nicety: never in the way of scheduling the run
-        log.warning("berth: could not set the note of run %s", dag_run.run_id, exc_info=True)
 
 
 def _pool_exists(dag_run: Any, pool: str) -> bool:
