@@ -48,6 +48,7 @@ from scheduling.quota import QuotaProblem
 from scheduling.reservation import choose_reservation
 from scheduling.shortcuts import FAST, Shortcuts
 from scheduling.snapshot import Snapshot
+from scheduling.victim_index import NodeIndex
 from scheduling.victims import VictimPool
 
 
@@ -99,6 +100,7 @@ class Cycle:
             team: prio for team, (t, prio) in snap.last_preempted.items() if t == snap.now
         }
         self.victim_pool: VictimPool | None = None
+        self.node_indexes: dict[tuple, NodeIndex] = {}  # the one-node searches' (shortcut 6)
         self.next_victim: Running | None = None  # the last failed search's next hope
         self.searches: dict[tuple[str, bool], int] = {}  # per (team, reclaims) in this cycle
         self.victims: set[str] = set()
@@ -330,6 +332,7 @@ class Cycle:
             spared_above=self.admitted_floor,
             place=self.place,
             guarded=guarded,
+            indexes=self.node_indexes if self.fast else None,
         )
         if plan is None:
             self.no_plan.setdefault(key, []).append((job.gpu, job.cpu, job.mem))

@@ -29,6 +29,12 @@ way as one already run in the cycle. The shortcuts skip that repeated work:
    included, with no search, wake-up, reservation or decision. What it returns stands in
    for the rerun's result where the simulator reads one (`CycleResult.settles`).
 
+6. **Victims by node, kept** (`scheduling/victim_index.py`): a single-replica job's
+   preemption search indexes its candidate victims by node; the cycle keeps that index for
+   later searches with the same candidates (team, priority bound, lenders and their floors,
+   guard) and takes out the victims preempted since, where a team reclaiming for many small
+   jobs in one cycle built it again for each.
+
 `EXACT` turns them off: every job is examined and every search is run; the class-mates of a
 job that failed are examined right after it, where closing the class skips them (the order of
 the other teams' jobs is the same in both modes). They must decide the same:

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from scheduling.jobs import Job, Running
 from scheduling.placement import TOPOLOGY
 from scheduling.preemption import PreemptionPlan, _plan_on_one_node, _room_on
+from scheduling.resources import ZERO
+from scheduling.victim_index import NodeIndex
 from scheduling.victims import BY_LOSS
 
 
@@ -115,3 +117,25 @@ def test_the_heap_finds_the_plan_the_sorted_options_find(case: tuple[World, Job]
         assert got is not None
         assert [v.job.id for v in got.victims] == [v.job.id for v in want.victims]
         assert got.placement == want.placement
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_worlds(), st.data())
+def test_an_index_caught_up_is_the_index_made_anew(case: tuple[World, Job], data) -> None:
+    """Shortcut 6: a cycle keeps a one-node search's index and takes out the victims preempted
+    since; that must be the index made from the candidates less those victims."""
+    w, preemptor = case
+    snap = w.state.snapshot(1000.0)
+    candidates = sorted((r for r in snap.running.values() if r.job.preemptible), key=BY_LOSS)
+    assume(candidates)
+    ids = [r.job.id for r in candidates]
+    first = set(data.draw(st.lists(st.sampled_from(ids), max_size=3)))
+    later = first | set(data.draw(st.lists(st.sampled_from(ids), max_size=len(ids))))
+    kept = NodeIndex([r for r in candidates if r.job.id not in first], preemptor.team, first)
+    assert kept.catch_up(later)
+    anew = NodeIndex([r for r in candidates if r.job.id not in later], preemptor.team, later)
+    assert kept.by_node == anew.by_node
+    assert kept.freeable == anew.freeable
+    assert kept.own == anew.own and (kept.own is ZERO) == (anew.own is ZERO)
+    assert bool(kept) == bool(anew)
+    assert not kept.catch_up(first - {ids[0]}) or ids[0] not in first  # victims never return
