@@ -79,6 +79,8 @@ class JobSpec(BaseModel):
     - `gpus_per_replica` (no default) is a whole number >= 1 or a share of one GPU from 0.001
       to 0.999; 0 is refused (Berth schedules GPU jobs). CPUs and memory are > 0 and at least
       one engine unit (0.001 CPU, 1 MiB). Numbers are strict: `true` is not 1, "4" is not 4.
+    - `shm_gb_per_replica` (Kubernetes: the memory-backed /dev/shm) is at most the replica's
+      memory, which its pages count against.
     - `priority` is within -1000..1000, `retries` within 0..20, times are finite and > 0, and
       `retry_backoff_max_s` >= `retry_backoff_s`.
     - `inputs` are s3://bucket/key, file:///absolute/path or https:// URIs; `artifacts` are
@@ -107,6 +109,10 @@ class JobSpec(BaseModel):
     memory_gb_per_replica: Annotated[
         Positive, AfterValidator(engine_min(MEM_UNIT, "1 MiB (0.001 GiB)"))
     ] = 4.0
+    # Kubernetes: the replica's memory-backed /dev/shm (None: half its memory); part of it.
+    shm_gb_per_replica: (
+        Annotated[Positive, AfterValidator(engine_min(MEM_UNIT, "1 MiB (0.001 GiB)"))] | None
+    ) = None
     topology: Topology = "any"
     priority: Annotated[int, Field(strict=True, ge=-1000, le=1000)] = 0
     preemptible: Annotated[bool, Field(strict=True)] = True
@@ -245,6 +251,17 @@ def _conflicts(values: Mapping[str, Any], skip: set[str] | None = None) -> list[
     fields = JobSpec.model_fields
     base = values.get("retry_backoff_s", fields["retry_backoff_s"].default)
     most = values.get("retry_backoff_max_s", fields["retry_backoff_max_s"].default)
+    shm = values.get("shm_gb_per_replica")
+    memory = values.get("memory_gb_per_replica", fields["memory_gb_per_replica"].default)
+    judged = not skip & {"shm_gb_per_replica", "memory_gb_per_replica"}
+    if judged and _number(shm) and _number(memory) and shm > memory:
+        out.append(
+            SpecProblem(
+                "shm_gb_per_replica",
+                f"{shm:g} is more than memory_gb_per_replica ({memory:g}): /dev/shm's pages count "
+                "against the replica's memory; lower it or raise memory_gb_per_replica",
+            )
+        )
     judged = not skip & {"retry_backoff_s", "retry_backoff_max_s"}
     if judged and _number(base) and _number(most) and most < base:
         out.append(

@@ -185,6 +185,15 @@ def job_params(teams: list[str], default_command: list[str]) -> dict[str, Param]
             section=ADVANCED,
             description="Wait before a retry.",
         ),
+        "shm_gb_per_replica": Param(
+            None,
+            type=["null", "number"],
+            exclusiveMinimum=0,
+            title="Shared memory per replica (GB)",
+            section=ADVANCED,
+            description="Kubernetes: the memory-backed /dev/shm for data loaders and NCCL, "
+            "part of the replica's memory; empty: half of it.",
+        ),
         "register_model": Param(
             None,
             type=["null", "object"],

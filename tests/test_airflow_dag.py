@@ -156,6 +156,8 @@ def test_job_from_params_fails_once_then_succeeds_on_retry(airflow_env: dict[str
     assert (arts / "2" / "outputs" / "metrics.json").exists()
     assert not (arts / "1" / "outputs" / "metrics.json").exists()  # attempt 1 died early
     assert "failing on attempt 1 as asked" in out
+    # Attempt 1 saved epoch 1 in the job's checkpoint folder; attempt 2 resumed from it.
+    assert "[rank 1] rank 1: resumed from the checkpoint of epoch 1" in out
     # MLflow: one parent run for the job, a nested run per attempt, with what each recorded.
     client = MlflowClient(airflow_env["MLFLOW_TRACKING_URI"])
     exp = client.get_experiment_by_name("berth_job")  # the DAG id: the spec names none
@@ -176,7 +178,7 @@ def test_job_from_params_fails_once_then_succeeds_on_retry(airflow_env: dict[str
         assert run.data.tags["airflow.task_url"].endswith("/tasks/job.run")
         assert run.data.metrics["queue_wait_s"] >= 0 and run.data.metrics["run_s"] > 0
     # The training code's own plain-mlflow metrics and model, and the collected artifacts.
-    assert [m.step for m in client.get_metric_history(second.info.run_id, "accuracy")] == [1, 2, 3]
+    assert [m.step for m in client.get_metric_history(second.info.run_id, "accuracy")] == [2, 3]
     files = {a.path for a in client.list_artifacts(second.info.run_id)}
     assert {"outputs", "model"} <= files
     assert [a.path for a in client.list_artifacts(second.info.run_id, "outputs")] == [

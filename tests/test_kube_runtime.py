@@ -480,7 +480,7 @@ def test_a_connection_lost_mid_launch_leaves_no_half_gang(kube: KubeAPI) -> None
     assert [p.metadata.name for p in left if p.metadata.deletion_timestamp is None] == []
 
 
-def test_logs_of_rank_0_come_from_the_api_server_or_say_why_not(kube: KubeAPI) -> None:
+def test_logs_come_from_the_api_server_or_say_why_not(kube: KubeAPI) -> None:
     g = Gang(kube)
     launch = g.launch()
     # Pending: nothing to read yet, and no call made.

@@ -189,10 +189,12 @@ def test_replicas_mount_the_team_volume_read_only_and_read_inputs_there(
     )  # fmt: skip
     assert launch.data_claim == "berth-data"
     for pod in g.pods(launch).values():  # admitted under Pod Security "restricted"
-        (volume,) = pod.spec.volumes
+        # The data volume, and the memory-backed /dev/shm every replica has (training.py).
+        volume, shm = pod.spec.volumes
         assert volume.persistent_volume_claim.claim_name == "berth-data"
         assert volume.persistent_volume_claim.read_only is True
-        (mount,) = pod.spec.containers[0].volume_mounts
+        assert shm.empty_dir.medium == "Memory"
+        mount, _ = pod.spec.containers[0].volume_mounts
         assert (mount.mount_path, mount.read_only) == (MOUNT, True)
         env = {e.name: e.value for e in pod.spec.containers[0].env}
         assert env["BERTH_INPUT_COUNT"] == "2"

@@ -72,7 +72,9 @@ RENDEZVOUS = """
     import json, os, socket, time
     keys = ("CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
             "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "BERTH_JOB_ID",
-            "BERTH_ATTEMPT", "BERTH_NODE", "MY_VAR", "MLFLOW_RUN_ID")
+            "BERTH_ATTEMPT", "BERTH_NODE", "MY_VAR", "MLFLOW_RUN_ID", "BERTH_CHECKPOINT_DIR",
+            "PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
+            "PET_MASTER_PORT")
     print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
     addr = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
     if os.environ["RANK"] == "0":
@@ -125,6 +127,39 @@ def test_gang_gets_its_gpus_and_ranks_and_rendezvous(rt: LocalRuntime, workdir: 
     assert envs[1]["BERTH_JOB_ID"] == "rdv" and envs[1]["BERTH_ATTEMPT"] == "1"
     assert envs[0]["MY_VAR"] == "x" and envs[0]["MLFLOW_RUN_ID"] == "run-7"
     assert "[rank 0] GOT hello from rank 1" in lines
+    # torchrun's variables: each replica is a torchrun node with a process per GPU it holds.
+    assert [envs[r]["PET_NODE_RANK"] for r in (0, 1)] == ["0", "1"]
+    assert [envs[r]["PET_NPROC_PER_NODE"] for r in (0, 1)] == ["2", "1"]
+    assert {envs[r]["PET_NNODES"] for r in (0, 1)} == {"2"}
+    assert {envs[r]["PET_MASTER_ADDR"] for r in (0, 1)} == {launch.master_addr}
+    assert {envs[r]["PET_MASTER_PORT"] for r in (0, 1)} == {str(launch.master_port)}
+    assert {envs[r]["BERTH_CHECKPOINT_DIR"] for r in (0, 1)} == {str(rt.checkpoint_dir("rdv"))}
+
+
+SAVE_OR_RESUME = """
+    import os, pathlib
+    ckpt = pathlib.Path(os.environ["BERTH_CHECKPOINT_DIR"]) / "step"
+    print("FOUND " + (ckpt.read_text() if ckpt.exists() else "nothing"), flush=True)
+    ckpt.write_text("attempt " + os.environ["BERTH_ATTEMPT"])
+"""
+
+
+def test_a_later_attempt_finds_what_an_earlier_one_saved(rt: LocalRuntime, workdir: Path) -> None:
+    one = Placement((ReplicaPlacement(0, (0,)),), "node")
+    found = []
+    for attempt in (1, 2):
+        launch = rt.launch(
+            "ck", attempt, program(SAVE_OR_RESUME), one, two_nodes(), env={}, workdir=workdir
+        )
+        assert finish(rt, launch).state == "succeeded"
+        found += [line.split("FOUND ")[1] for line in rt.logs(launch)[0] if "FOUND " in line]
+    assert found == ["nothing", "attempt 1"]
+    # Another job has a place of its own.
+    other = rt.launch(
+        "other", 1, program(SAVE_OR_RESUME), one, two_nodes(), env={}, workdir=workdir
+    )
+    assert finish(rt, other).state == "succeeded"
+    assert any("FOUND nothing" in line for line in rt.logs(other)[0])
 
 
 @settings(derandomize=True, deadline=None, database=None, max_examples=100)
@@ -148,6 +183,8 @@ def test_rank_variables_are_consistent_for_any_placement(spec: list[tuple[int, i
     )
     envs = [replica_env(launch, r) for r in launch.replicas]
     assert [e["RANK"] for e in envs] == [str(i) for i in range(len(spec))]
+    assert [e["PET_NODE_RANK"] for e in envs] == [e["RANK"] for e in envs]
+    assert {e["PET_NNODES"] for e in envs} == {str(len(spec))}
     assert {e["WORLD_SIZE"] for e in envs} == {str(len(spec))}
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == [str(g) for _, g in spec]
     # one MLflow system-metrics node id per rank, so a gang's ranks are told apart

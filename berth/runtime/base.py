@@ -24,13 +24,22 @@ from scheduling.cluster import Cluster
 from scheduling.jobs import Placement
 from scheduling.resources import GPU_UNIT
 
+# Where a job saves checkpoints: one place per job, the same for every attempt, so that a
+# retried or preempted job resumes from its last one (set where the runtime has such a place).
+CHECKPOINT_DIR = "BERTH_CHECKPOINT_DIR"
+# torchrun's arguments as its PET_ variables: a replica is one torchrun "node" that starts a
+# process per GPU it holds, so `torchrun train.py` needs no flags (as in Kubeflow Trainer).
+TORCHRUN_ENV = frozenset(
+    {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
+)
 # Set by the runtime for every replica; the job's own env must not hold them (see RESERVED_ENV
 # in berth/spec_fields.py, which should cover this set).
 RUNTIME_ENV = frozenset(
     {"CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}
     | {"NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
-    | {"BERTH_JOB_ID", "BERTH_ATTEMPT", "BERTH_NODE", "BERTH_GPU_SHARE"}
+    | {"BERTH_JOB_ID", "BERTH_ATTEMPT", "BERTH_NODE", "BERTH_GPU_SHARE", CHECKPOINT_DIR}
     | {"MLFLOW_SYSTEM_METRICS_NODE_ID"}
+    | TORCHRUN_ENV
 )
 
 JOB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
@@ -131,9 +140,13 @@ def replica_handles(
 
 
 class LogCursor(_Frozen):
-    """How far `logs` has read: a byte offset per rank; plain data, so a trigger can keep it."""
+    """How far `logs` has read, per rank; plain data, so a trigger can keep it. Files are read
+    from a byte offset (local); logs served by time (Kubernetes) from the last line's time and
+    the number of lines at that time read already."""
 
     offsets: dict[int, int] = {}
+    stamps: dict[int, str] = {}
+    seen: dict[int, int] = {}
 
 
 class Runtime(Protocol):
@@ -249,6 +262,13 @@ def replica_env(launch: Launch, rep: ReplicaHandle) -> dict[str, str]:
         "BERTH_NODE": rep.node_name,
         # MLflow's system metrics (when the job tracks a run) tell a gang's ranks apart by it.
         "MLFLOW_SYSTEM_METRICS_NODE_ID": f"{rep.node_name}-rank{rep.rank}",
+    }
+    env |= {
+        "PET_NNODES": str(len(launch.replicas)),
+        "PET_NPROC_PER_NODE": str(max(1, len(rep.gpus))),  # a share: one process on its GPU
+        "PET_NODE_RANK": str(rep.rank),
+        "PET_MASTER_ADDR": launch.master_addr,
+        "PET_MASTER_PORT": str(launch.master_port),
     }
     if rep.share:
         env["BERTH_GPU_SHARE"] = f"{rep.share / GPU_UNIT:g}"  # e.g. 0.25 of its one GPU

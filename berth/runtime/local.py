@@ -3,7 +3,8 @@
 Every declared node runs on localhost (a cluster YAML may declare several, e.g. to try gangs on
 a laptop), so the whole gang meets at 127.0.0.1 on a port chosen at launch.
 
-What the runtime keeps for one attempt lives in `root/<job_id>/attempt-<n>/`:
+What the runtime keeps for one attempt lives in `root/<job_id>/attempt-<n>/`; the job's
+checkpoints, shared by its attempts, in `root/<job_id>/checkpoints/` (`BERTH_CHECKPOINT_DIR`):
 
 - `manifest.json`: the launch handle (`LocalLaunch`), written before any replica starts and
   again with the pids once all have started; `reattach` reads only this and the files below;
@@ -31,6 +32,7 @@ from typing import Any, Literal
 
 from berth.runtime import shim
 from berth.runtime.base import (
+    CHECKPOINT_DIR,
     RUNTIME_ENV,
     GangStatus,
     LaunchError,
@@ -141,7 +143,10 @@ class LocalRuntime:
             replicas=replicas,
         )
         _write_manifest(launch)
+        checkpoints = self.checkpoint_dir(job_id)
+        checkpoints.mkdir(exist_ok=True)
         base = self._base_env() | dict(env) | dict(extra_env or {})
+        base[CHECKPOINT_DIR] = str(checkpoints)
         try:
             for rep in replicas:
                 self._spawn(launch, rep, base | replica_env(launch, rep))
@@ -154,6 +159,10 @@ class LocalRuntime:
 
     def attempt_dir(self, job_id: str, attempt: int) -> Path:
         return self.root / job_id / f"attempt-{attempt}"
+
+    def checkpoint_dir(self, job_id: str) -> Path:
+        """The job's checkpoints (BERTH_CHECKPOINT_DIR): shared by all its attempts."""
+        return self.root / job_id / "checkpoints"
 
     def _base_env(self) -> dict[str, str]:
         if not self.inherit_env:

@@ -10,6 +10,11 @@ Data: `--data PATH` (default: `$BERTH_INPUT_0`, the staged input; with neither, 
 one) is an .npz with `x` and `y`; `--make-data PATH` writes one (the pipeline's prepare step).
 `--fail-on-attempt N` exits 3 when BERTH_ATTEMPT is N, after the first epoch, to show a retry.
 
+Checkpoints: where the platform gives a place that outlives an attempt (`BERTH_CHECKPOINT_DIR`),
+rank 0 saves the averaged weights and the epoch there after every `--checkpoint-every` epochs
+(written whole, then renamed), and every rank of a later attempt (a retry, or a restart after a
+preemption) resumes from the last one instead of from scratch.
+
 Tracking is plain MLflow: when the platform tracks the attempt it sets MLFLOW_TRACKING_URI and
 MLFLOW_RUN_ID, `mlflow.start_run()` resumes that run, and rank 0 logs the metrics and the
 model file (every rank's system metrics go there too, told apart by node id).
@@ -79,6 +84,23 @@ def evaluate(p: dict, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
     return {"loss": float(loss), "accuracy": float(np.mean((prob > 0.5) == y))}
 
 
+CHECKPOINT = "mlp.npz"
+
+
+def save_checkpoint(folder: Path, epoch: int, params: dict[str, np.ndarray]) -> None:
+    tmp = folder / f".{CHECKPOINT}.{os.getpid()}.npz"
+    np.savez(tmp, epoch=np.array(epoch), **params)
+    os.replace(tmp, folder / CHECKPOINT)  # a reader never sees one half written
+
+
+def load_checkpoint(folder: Path) -> tuple[int, dict[str, np.ndarray]] | None:
+    path = folder / CHECKPOINT
+    if not path.exists():
+        return None
+    with np.load(path) as saved:
+        return int(saved["epoch"]), {k: saved[k] for k in saved.files if k != "epoch"}
+
+
 class Gang:
     """Weight averaging across ranks; rank 0 hosts, the others connect (with a deadline)."""
 
@@ -125,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--lr", type=float, default=0.5)
     a.add_argument("--out", default="outputs")
     a.add_argument("--fail-on-attempt", type=int, default=0)
+    a.add_argument("--checkpoint-every", type=int, default=1, help="epochs; 0: never")
     args = a.parse_args(argv)
     if args.make_data:
         make_data(Path(args.make_data))
@@ -143,7 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     shard = slice(rank, None, world)  # this rank's share of the training set
     gang = Gang(rank, world, os.environ.get("MASTER_ADDR", "127.0.0.1"),
                 int(os.environ.get("MASTER_PORT", 29500)))  # fmt: skip
-    params, rng = init(args.hidden, seed=0), np.random.default_rng(rank)
+    params, done = init(args.hidden, seed=0), 0
+    checkpoints = os.environ.get("BERTH_CHECKPOINT_DIR")
+    folder = Path(checkpoints) if checkpoints and args.checkpoint_every > 0 else None
+    saved = load_checkpoint(folder) if folder else None
+    if saved is not None:
+        done, params = saved
+        print(f"rank {rank}: resumed from the checkpoint of epoch {done}", flush=True)
+    rng = np.random.default_rng((rank, done))  # each rank its own order, per restart too
     tracking = None
     if os.environ.get("MLFLOW_RUN_ID"):  # the platform tracks this attempt
         import mlflow
@@ -154,15 +184,17 @@ def main(argv: list[str] | None = None) -> int:
             mlflow.log_params({"epochs": args.epochs, "hidden": args.hidden, "lr": args.lr})
     report_every = max(1, args.epochs // 50)  # about 50 lines and metric points per run
     try:
-        for epoch in range(1, args.epochs + 1):
+        for epoch in range(done + 1, args.epochs + 1):
             sgd_epoch(params, x_train[shard], y_train[shard], args.lr, rng)
             params = gang.average(params)
+            if folder and rank == 0 and epoch % args.checkpoint_every == 0:
+                save_checkpoint(folder, epoch, params)
             if rank == 0 and (epoch % report_every == 0 or epoch == args.epochs):
                 scores = evaluate(params, x_test, y_test)
                 print(f"epoch {epoch} " + json.dumps(scores), flush=True)
                 if tracking:
                     tracking.log_metrics(scores, step=epoch)
-            if epoch == 1 and args.fail_on_attempt == attempt:
+            if epoch == done + 1 and args.fail_on_attempt == attempt:
                 print(f"rank {rank}: failing on attempt {attempt} as asked", file=sys.stderr)
                 return 3
         if rank == 0:

@@ -30,6 +30,8 @@ Choices, each for a reason:
   garbage collector, or one slow to run, must not keep GPUs busy). The Service owns the
   attempt's ResourceClaims the same way.
 - **Staged data** is the team's PersistentVolumeClaim, mounted read-only (`volumes.py`).
+- **Training needs** (`training.py`): a memory-backed `/dev/shm` sized by the job, and the job's
+  checkpoint folder, read-write, kept across its attempts (`BERTH_CHECKPOINT_DIR`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from berth.runtime.base import Launch, ReplicaHandle, replica_env, replica_handl
 from berth.runtime.kubernetes.dra import DraSettings, pod_fields
 from berth.runtime.kubernetes.inventory import BERTH, MANAGED_BY
 from berth.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, Toleration
+from berth.runtime.kubernetes.training import CheckpointVolume, checkpoint_volume, shm_volume
 from berth.runtime.kubernetes.volumes import DataVolume, replica_mount
 from scheduling.cluster import Cluster
 from scheduling.jobs import Placement
@@ -85,6 +88,7 @@ class KubeSettings(BaseModel):
     service_account: str | None = None  # the pods' own; default: the namespace's `default`
     dra: DraSettings = Field(default_factory=DraSettings)  # exact GPUs where DRA is served
     data_volume: DataVolume | None = None  # staged inputs: the team's PVC (decision 0008)
+    checkpoint_volume: CheckpointVolume | None = None  # BERTH_CHECKPOINT_DIR (training.py)
 
 
 class KubeReplica(ReplicaHandle):
@@ -101,6 +105,8 @@ class KubeLaunch(Launch):
     start_timeout_s: float
     replicas: tuple[KubeReplica, ...]
     data_claim: str | None = None  # the team's PVC of staged data, mounted read-only
+    shm_mib: int = 0  # its memory-backed /dev/shm (0: the container runtime's 64 MiB)
+    checkpoint_claim: str | None = None  # the team's PVC that holds the job's checkpoints
 
 
 def _digest(text: str, n: int = 6) -> str:
@@ -120,6 +126,8 @@ def new_launch(
     launched_at: float,
     time_limit_s: float | None,
     data_claim: str | None = None,
+    shm_mib: int = 0,
+    checkpoint_claim: str | None = None,
 ) -> KubeLaunch:
     """The launch record of an attempt: rank i is replica i of the placement."""
     service = attempt_name(job_id, attempt)
@@ -131,6 +139,7 @@ def new_launch(
         master_addr=master_addr(settings, namespace, service), master_port=settings.master_port,
         namespace=namespace, service=service, team=team, image=image,
         start_timeout_s=settings.start_timeout_s, replicas=replicas, data_claim=data_claim,
+        shm_mib=shm_mib, checkpoint_claim=checkpoint_claim,
     )  # fmt: skip
 
 
@@ -143,12 +152,17 @@ def attempt_key(obj: Any) -> tuple[str, int]:
 
 def attempt_name(job_id: str, attempt: int) -> str:
     """A DNS label for the attempt's Service (and, with '-<rank>', its pods' names and
-    hostnames): the job id made safe, and a digest of the exact id so that ids differing only
-    in case or punctuation never share a name."""
+    hostnames): the job's name (`job_name`) and the attempt."""
+    return f"{job_name(job_id)}-{attempt}"
+
+
+def job_name(job_id: str) -> str:
+    """The job id made safe for a DNS label or a folder, and a digest of the exact id so that
+    ids differing only in case or punctuation never share a name."""
     slug = re.sub(r"[^a-z0-9]+", "-", job_id.lower()).strip("-")[:36].rstrip("-")
     if not slug[:1].isalpha():
         slug = f"j-{slug}".rstrip("-")
-    return f"{slug}-{_digest(job_id)}-{attempt}"
+    return f"{slug}-{_digest(job_id)}"
 
 
 def label_value(text: str) -> str:
@@ -324,9 +338,27 @@ def pod_manifest(
         in_pod, in_container = pod_fields(rep.claim)
         spec["resourceClaims"] = [in_pod]
         container["resources"]["claims"] = [in_container]
+    volumes, mounts = [], []
     if launch.data_claim is not None and settings.data_volume is not None:
         volume, mount = replica_mount(settings.data_volume, launch.data_claim)
-        spec["volumes"], container["volumeMounts"] = [volume], [mount]
+        volumes.append(volume)
+        mounts.append(mount)
+    if launch.shm_mib:
+        volume, mount = shm_volume(launch.shm_mib)
+        volumes.append(volume)
+        mounts.append(mount)
+    if launch.checkpoint_claim is not None and settings.checkpoint_volume is not None:
+        volume, mount, more = checkpoint_volume(
+            settings.checkpoint_volume, launch.checkpoint_claim, job_name(launch.job_id)
+        )
+        volumes.append(volume)
+        mounts.append(mount)
+        container["env"] = sorted(
+            container["env"] + [{"name": k, "value": v} for k, v in more.items()],
+            key=lambda e: e["name"],
+        )
+    if volumes:
+        spec["volumes"], container["volumeMounts"] = volumes, mounts
     return {
         "apiVersion": "v1",
         "kind": "Pod",

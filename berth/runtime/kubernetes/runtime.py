@@ -34,11 +34,12 @@ from berth.runtime.kubernetes import status as fate
 from berth.runtime.kubernetes.claims import AttemptClaims
 from berth.runtime.kubernetes.inventory import BERTH, MANAGED_BY
 from berth.runtime.kubernetes.pod_logs import LogsUnavailable as LogsUnavailable
-from berth.runtime.kubernetes.pod_logs import rank0_lines
+from berth.runtime.kubernetes.pod_logs import gang_lines
 from berth.runtime.kubernetes.pods import FAILURE, JOB_ID, LAUNCH, STOPPED, KubeLaunch
 from berth.runtime.kubernetes.reads import read_or_none
 from berth.runtime.kubernetes.staging import Stager
 from berth.runtime.kubernetes.status import KubeGangStatus, api_problem, failure_record
+from berth.runtime.kubernetes.training import shm_mib
 from berth.runtime.kubernetes.volumes import replica_input_env
 from berth.spec import JobSpec
 from berth.staging import StagedInputs
@@ -90,10 +91,13 @@ class KubernetesRuntime:
         cpus: float = 1.0,
         memory_gb: float = 4.0,
         mount_data: bool = False,
+        shm_gb: float | None = None,
     ) -> KubeLaunch:
         """Create the attempt's Service, then per replica its ResourceClaim (where DRA applies)
         and its pod on its node; returns at once (`poll` watches the start). `workdir` is
-        ignored (the image's holds); `mount_data`: the team's data volume, read-only. A GPU that
+        ignored (the image's holds); `mount_data`: the team's data volume, read-only; `shm_gb`:
+        each replica's /dev/shm (None: half its memory); the job's checkpoint folder where the
+        settings name a checkpoint volume (`training.py`). A GPU that
         another claim holds is a `rejected` failure on the Service (requeued), nothing more.
 
         Raises LaunchError for bad input, an attempt launched before, or a refused object (what
@@ -106,15 +110,28 @@ class KubernetesRuntime:
             raise LaunchError("team: required, it picks the namespace; pass the job's team")
         if not (cpus > 0 and memory_gb > 0):
             raise LaunchError(f"cpus, memory_gb: must be > 0, got {cpus}, {memory_gb}")
+        if shm_gb is not None and not 0 < shm_gb <= memory_gb:
+            raise LaunchError(
+                f"shm_gb: {shm_gb} must be more than 0 and at most memory_gb ({memory_gb}): "
+                "/dev/shm's pages count against the replica's memory"
+            )
         namespace = self.namespace(team)
+        checkpoints = self.settings.checkpoint_volume
         try:
             data_claim = self.stager.data_claim(namespace, team) if mount_data else None
+            checkpoint_claim = None
+            if checkpoints is not None:
+                checkpoint_claim = self.stager.checked_claim(
+                    namespace, checkpoints.claim_for(team), "checkpoint_volume.claim",
+                    "the replicas of every attempt, on any node, write and read it",
+                )  # fmt: skip
         except ValueError as e:
             raise LaunchError(str(e)) from None
         launch = manifests.new_launch(
             self.settings, job_id, attempt, placement, cluster, namespace=namespace,
             team=team, image=image, launched_at=self.clock(), time_limit_s=time_limit_s,
-            data_claim=data_claim,
+            data_claim=data_claim, shm_mib=shm_mib(shm_gb, memory_gb),
+            checkpoint_claim=checkpoint_claim,
         )  # fmt: skip
         plan = self.claims.plan(launch)
         launch, service = plan.launch, launch.service
@@ -197,6 +214,7 @@ class KubernetesRuntime:
             env=spec.env, extra_env=extra, time_limit_s=spec.time_limit_s,
             image=spec.image, team=spec.team, cpus=spec.cpus_per_replica,
             memory_gb=spec.memory_gb_per_replica, mount_data=bool(spec.inputs),
+            shm_gb=spec.shm_gb_per_replica,
         )  # fmt: skip
 
     def stage_inputs(self, team: str, inputs: Sequence[str]) -> StagedInputs:
@@ -253,10 +271,10 @@ class KubernetesRuntime:
         self._delete(launch, grace, service=True)
 
     def logs(self, launch: Launch, cursor: LogCursor | None = None) -> tuple[list[str], LogCursor]:
-        """Complete new lines of rank 0's log since `cursor`, as `[rank 0] line`; raises
-        LogsUnavailable when the API server cannot read it (`pod_logs.py`)."""
+        """Complete new lines of every started rank's log since `cursor`, as `[rank i] line`;
+        raises LogsUnavailable when the API server cannot read one (`pod_logs.py`)."""
         launch = _kube(launch)
-        return rank0_lines(self.core, launch, self._pods(launch).get(0), cursor)
+        return gang_lines(self.core, launch, self._pods(launch), cursor)
 
     def reattach(self, job_id: str, attempt: int, *, team: str | None = None) -> KubeLaunch | None:
         """The handle of a launched attempt from its Service's record; None if none. Without

@@ -320,14 +320,18 @@ class Stager:
                 "data_volume: jobs with `inputs` need a data volume on Kubernetes; set "
                 "data_volume in the Kubernetes settings (docs/decisions/0008)"
             )
-        claim = volume.claim_for(team)
+        return self.checked_claim(namespace, volume.claim_for(team))
+
+    def checked_claim(self, namespace: str, claim: str, *problem_args: str) -> str:
+        """`claim`, read on the API server; ValueError (`claim_problem`'s, with `problem_args`
+        naming the setting and the need) when it is missing or not ReadWriteMany."""
         try:
             pvc = self.core.read_namespaced_persistent_volume_claim(claim, namespace)
         except ApiException as e:
             if e.status != 404:
                 raise
             pvc = None
-        problem = claim_problem(pvc, namespace, claim)
+        problem = claim_problem(pvc, namespace, claim, *problem_args)
         if problem:
             raise ValueError(problem)
         return claim

@@ -14,14 +14,48 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import PurePath, PurePosixPath
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 INPUT_PREFIX, INPUT_COUNT = "BERTH_INPUT_", "BERTH_INPUT_COUNT"
 VOLUME = "berth-data"  # the volume's name inside the pod spec
 SHARED_MODES = ("ReadWriteMany",)  # a writer pod and readers on many nodes at once
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def absolute_mount_path(value: str) -> str:
+    """A mount path: absolute, not '/', without '..' (a pydantic validator)."""
+    path = PurePosixPath(value)
+    if not path.is_absolute() or ".." in path.parts or str(path) == "/" or "//" in value:
+        raise ValueError(
+            f"mount_path: {value!r} must be an absolute directory other than '/', without "
+            "'..', e.g. '/berth/data'"
+        )
+    return str(path)
+
+
+def claim_template(value: str) -> str:
+    """A PersistentVolumeClaim name, optionally with '{team}' (a pydantic validator)."""
+    sample = value.replace("{team}", "t")
+    if "{" in sample or len(sample) > 253 or not _SUBDOMAIN.fullmatch(sample):
+        raise ValueError(
+            f"claim: {value!r} must name a PersistentVolumeClaim (lowercase letters, digits, "
+            "'-' and '.'), optionally with '{team}', e.g. 'berth-data'"
+        )
+    return value
+
+
+def team_claim(template: str, team: str, setting: str) -> str:
+    """The team's PVC of a claim template; ValueError naming `setting` when the team makes it
+    invalid."""
+    name = template.replace("{team}", team)
+    if len(name) > 253 or not _SUBDOMAIN.fullmatch(name):
+        raise ValueError(
+            f"{setting}: team {team!r} makes {name!r}, which is not a "
+            "PersistentVolumeClaim name; use a fixed name or team names in lowercase"
+        )
+    return name
 
 
 class DataVolume(BaseModel):
@@ -30,8 +64,9 @@ class DataVolume(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    claim: str = "berth-data"  # the PVC in each team namespace; '{team}' is replaced
-    mount_path: str = "/berth/data"  # replicas read-only, the staging pod read-write
+    claim: Annotated[str, AfterValidator(claim_template)] = "berth-data"  # '{team}' replaced
+    # replicas read-only, the staging pod read-write
+    mount_path: Annotated[str, AfterValidator(absolute_mount_path)] = "/berth/data"
     staging_image: str | None = None  # an image with Berth installed (docker/airflow)
     staging_secret: str | None = None  # a Secret in the team namespace: the stager's env
     staging_cpus: float = Field(1.0, gt=0)
@@ -39,37 +74,9 @@ class DataVolume(BaseModel):
     staging_timeout_s: float = Field(3600.0, gt=0)
     fs_group: int | None = Field(None, ge=1)  # for volumes whose root only root may write
 
-    @field_validator("mount_path")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        path = PurePosixPath(value)
-        if not path.is_absolute() or ".." in path.parts or str(path) == "/" or "//" in value:
-            raise ValueError(
-                f"mount_path: {value!r} must be an absolute directory other than '/', without "
-                "'..', e.g. '/berth/data'"
-            )
-        return str(path)
-
-    @field_validator("claim")
-    @classmethod
-    def _claim(cls, value: str) -> str:
-        sample = value.replace("{team}", "t")
-        if "{" in sample or len(sample) > 253 or not _SUBDOMAIN.fullmatch(sample):
-            raise ValueError(
-                f"claim: {value!r} must name a PersistentVolumeClaim (lowercase letters, digits, "
-                "'-' and '.'), optionally with '{team}', e.g. 'berth-data'"
-            )
-        return value
-
     def claim_for(self, team: str) -> str:
         """The team's PVC; ValueError naming the setting when the team makes it invalid."""
-        name = self.claim.replace("{team}", team)
-        if len(name) > 253 or not _SUBDOMAIN.fullmatch(name):
-            raise ValueError(
-                f"data_volume.claim: team {team!r} makes {name!r}, which is not a "
-                "PersistentVolumeClaim name; use a fixed name or team names in lowercase"
-            )
-        return name
+        return team_claim(self.claim, team, "data_volume.claim")
 
 
 def pod_path(staged: PurePath | str, cache_root: PurePath | str, mount_path: str) -> PurePosixPath:
@@ -148,20 +155,26 @@ def writer_mount(volume: DataVolume, claim: str) -> tuple[dict[str, Any], dict[s
     return source, {"name": VOLUME, "mountPath": volume.mount_path}
 
 
-def claim_problem(pvc: Any, namespace: str, claim: str) -> str | None:
-    """Why the team's PVC (a V1PersistentVolumeClaim, None when absent) cannot hold staged
-    data, with the fix; None when it can."""
-    where = f"data_volume.claim: PersistentVolumeClaim {namespace}/{claim}"
+def claim_problem(
+    pvc: Any,
+    namespace: str,
+    claim: str,
+    setting: str = "data_volume.claim",
+    why: str = "the staging pod writes it while replicas on other nodes read it",
+) -> str | None:
+    """Why the team's PVC (a V1PersistentVolumeClaim, None when absent) cannot serve as
+    `setting` says, with the fix; None when it can."""
+    where = f"{setting}: PersistentVolumeClaim {namespace}/{claim}"
     if pvc is None:
         return (
             f"{where} does not exist; create it with accessModes [ReadWriteMany] in every "
-            "team namespace (docs/decisions/0008), or set data_volume.claim to the one you have"
+            f"team namespace (docs/decisions/0008), or set {setting} to the one you have"
         )
     modes = list(pvc.spec.access_modes or ())
     if not any(m in SHARED_MODES for m in modes):
         return (
-            f"{where} has accessModes {modes}; the staging pod writes it while replicas on "
-            "other nodes read it, so it needs ReadWriteMany (NFS, CephFS, Amazon EFS, "
-            "Filestore, Azure Files): recreate it with a storage class that offers it"
+            f"{where} has accessModes {modes}; {why}, so it needs ReadWriteMany (NFS, CephFS, "
+            "Amazon EFS, Filestore, Azure Files): recreate it with a storage class that "
+            "offers it"
         )
     return None
