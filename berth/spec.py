@@ -120,6 +120,9 @@ class JobSpec(BaseModel):
     retry_backoff_s: Positive = 30.0
     retry_backoff_max_s: Positive = 3600.0
     time_limit_s: Positive | None = None
+    # The job saves a checkpoint in BERTH_CHECKPOINT_DIR at least this often: a preemption
+    # then loses only the work since, and the engine prefers victims that just saved.
+    checkpoint_every_s: Positive | None = None
     inputs: tuple[Annotated[str, AfterValidator(input_uri)], ...] = ()
     artifacts: tuple[Annotated[str, AfterValidator(artifact_path)], ...] = ()
     env: dict[Annotated[str, AfterValidator(env_key)], str] = Field(default_factory=dict)
@@ -159,6 +162,7 @@ class JobSpec(BaseModel):
             preemptible=self.preemptible,
             submit_time=submit_time,
             time_limit_s=math.inf if self.time_limit_s is None else self.time_limit_s,
+            checkpoint_s=math.inf if self.checkpoint_every_s is None else self.checkpoint_every_s,
         )
 
 

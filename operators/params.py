@@ -43,6 +43,16 @@ def job_params(teams: list[str], default_command: list[str]) -> dict[str, Param]
             description=description,
         )
 
+    def optional_seconds_or_gb(title: str, section: str, description: str) -> Param:
+        return Param(
+            None,
+            type=["null", "number"],
+            exclusiveMinimum=0,
+            title=title,
+            section=section,
+            description=description,
+        )
+
     return {
         "name": Param(
             "train-demo",
@@ -127,14 +137,10 @@ def job_params(teams: list[str], default_command: list[str]) -> dict[str, Param]
             description="May be stopped for a job of higher priority or for a team reclaiming "
             "its quota (it goes back to the queue without using a retry).",
         ),
-        "time_limit_s": Param(
-            None,
-            type=["null", "number"],
-            exclusiveMinimum=0,
-            title="Time limit (s)",
-            section=RESOURCES,
-            description="Stop a run after this long; a job with a limit may start sooner "
-            "(backfill).",
+        "time_limit_s": optional_seconds_or_gb(
+            "Time limit (s)",
+            RESOURCES,
+            "Stop a run after this long; a job with a limit may start sooner (backfill).",
         ),
         "requirements": optional_list(
             "pip requirements",
@@ -185,14 +191,17 @@ def job_params(teams: list[str], default_command: list[str]) -> dict[str, Param]
             section=ADVANCED,
             description="Wait before a retry.",
         ),
-        "shm_gb_per_replica": Param(
-            None,
-            type=["null", "number"],
-            exclusiveMinimum=0,
-            title="Shared memory per replica (GB)",
-            section=ADVANCED,
-            description="Kubernetes: the memory-backed /dev/shm for data loaders and NCCL, "
-            "part of the replica's memory; empty: half of it.",
+        "checkpoint_every_s": optional_seconds_or_gb(
+            "Checkpoint every (s)",
+            ADVANCED,
+            "How often the job saves a checkpoint in BERTH_CHECKPOINT_DIR; a preemption then "
+            "loses only the work since.",
+        ),
+        "shm_gb_per_replica": optional_seconds_or_gb(
+            "Shared memory per replica (GB)",
+            ADVANCED,
+            "Kubernetes: the memory-backed /dev/shm for data loaders and NCCL, part of the "
+            "replica's memory; empty: half of it.",
         ),
         "register_model": Param(
             None,

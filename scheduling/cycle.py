@@ -321,6 +321,7 @@ class Cycle:
                 self.policy.min_runtime_s,
                 self.policy.max_preemptions,
                 self.policy.max_victim_runtime_s,
+                self.policy.checkpoint_aware,
             )
         plan = plan_preemption(
             self.victim_pool,

@@ -16,6 +16,8 @@ class Job:
     share of one GPU. `time_limit_s`: the most seconds one run may take, enforced by whoever
     runs it (the runtime stops it there); infinite when the job gives none. Only a job with a
     limit may backfill the nodes of a reservation (EASY backfill, `scheduling/backfill.py`).
+    `checkpoint_s`: the job saves a checkpoint at least this often while it runs (infinite:
+    never), so a preemption loses only the work since its last one (`Running.unsaved_s`).
     Validation lives in `admission.check_job`; the engine trusts a Job.
     """
 
@@ -30,6 +32,7 @@ class Job:
     preemptible: bool = True
     submit_time: float = 0.0
     time_limit_s: float = math.inf
+    checkpoint_s: float = math.inf
     demand: Resources = field(init=False, repr=False, compare=False)  # the whole gang's request
     # Jobs of one shape and team succeed or fail alike within a cycle (the class queues); the
     # time limit is part of it, as it decides which reserved nodes a job may backfill.
@@ -117,6 +120,14 @@ class Running:
         object.__setattr__(self, "gpus_by_node", tuple(per_node.items()))
         object.__setattr__(self, "shares_gpu", shares)
         object.__setattr__(self, "loss", (self.job.priority, -self.start_time, self.job.id))
+
+    def unsaved_s(self, now: float) -> float:
+        """Seconds of this run that a preemption at `now` destroys: all of them, or those since
+        its last checkpoint when the job saves every `checkpoint_s` (counted from its start: an
+        estimate, as reloading after a restart shifts the real ones a little)."""
+        ran = now - self.start_time
+        every = self.job.checkpoint_s
+        return ran if every == math.inf else ran % every
 
 
 RESTARTED = "restarted"  # the last element of the class of jobs whose wait restarted

@@ -60,6 +60,11 @@ class Policy:
     # `reclaim_bound_s`. Chosen on the tuning cases of bench/quality.py among 0, 30 min and
     # 1 h (docs/decisions/0003); `berth-no-deadline` measures what none would give.
     reclaim_deadline_s: float = 3600.0
+    # Victims by the work a preemption destroys now: a job that checkpoints (Job.checkpoint_s)
+    # loses only what it did since its last checkpoint, so one that just saved goes first.
+    # False: by start time alone, as Kueue does. Off in `berth`: on the quality benchmark with
+    # every job checkpointing it saved no GPU-hours (docs/decisions/0003, last addendum).
+    checkpoint_aware: bool = False
 
     @property
     def reclaim_bound_s(self) -> float:
@@ -88,6 +93,7 @@ POLICIES: dict[str, Policy] = {
         replace(BERTH, name="berth-no-reservation", starvation_s=float("inf")),
         replace(BERTH, name="berth-no-deadline", reclaim_deadline_s=float("inf")),
         replace(BERTH, name="berth-smallest-first", ordering=DRF_SMALLEST_FIRST),
+        replace(BERTH, name="berth-checkpoint-aware", checkpoint_aware=True),
     )
 }
 

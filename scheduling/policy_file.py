@@ -16,6 +16,7 @@ the one that runs.
     preemption_delay_s: 300    # a job waits this long before it may preempt
     max_preemptions: 1         # priority preemption; reclaim only until reclaim_deadline_s
     max_victim_runtime_s: 3600 # priority preemption only
+    checkpoint_aware: false    # true: victims by the work lost since their last checkpoint
 
 Team weights for fair sharing live with the quotas, in teams.yaml (`weight`).
 """
@@ -57,6 +58,7 @@ class PolicyFile(BaseModel):
     max_reservations: Annotated[int, Field(ge=0, le=1_000)] | None = None
     easy_backfill: bool | None = None
     reclaim_deadline_s: Seconds | None = None
+    checkpoint_aware: bool | None = None
 
     @field_validator("base")
     @classmethod

@@ -15,7 +15,7 @@ preempted that the preemptor does not need gone.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from scheduling.capacity import Capacity
@@ -25,7 +25,7 @@ from scheduling.quota import QuotaLedger, below_nominal_after
 from scheduling.resources import ZERO, Resources
 from scheduling.strategies import Placer
 from scheduling.victim_index import NodeIndex
-from scheduling.victims import BY_LOSS, VictimPool
+from scheduling.victims import VictimPool
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +99,11 @@ def plan_preemption(
             )
             if indexes is not None:
                 indexes[key] = index
-        return _plan_on_index(index, cap, quota, job, place) if index else None
+        if not index:
+            return None
+        return _plan_on_index(
+            index, cap, quota, job, place, pool.now if pool.checkpoint_aware else None
+        )
     candidates = _candidates(pool, job.team, below, floors, guarded, excluded)
     if not candidates:
         return None
@@ -132,23 +136,44 @@ def _candidates(
         candidates.extend(runs)
         sources += len(candidates) > before
     if sources > 1:  # each team's list is in loss order already
-        candidates.sort(key=BY_LOSS)
+        candidates.sort(key=pool.loss_key)
     return candidates
 
 
 def _plan_on_one_node(
-    candidates: list[Running], cap: Capacity, quota: QuotaLedger, job: Job, place: Placer
+    candidates: list[Running],
+    cap: Capacity,
+    quota: QuotaLedger,
+    job: Job,
+    place: Placer,
+    now: float | None = None,
 ) -> PreemptionPlan | None:
     """A single-replica job needs room on one node: for each node, the cheapest victims there
     that make room; then the node whose victims cost least (priority, GPUs, count, then the
-    work they have done: the GPU-seconds a preemption loses)."""
-    return _plan_on_index(NodeIndex(candidates, job.team, ()), cap, quota, job, place)
+    GPU-seconds a preemption loses: the work they have done, or with `now` given (a
+    checkpoint-aware policy, candidates in `loss_at(now)` order) the work since their last
+    checkpoints)."""
+    return _plan_on_index(NodeIndex(candidates, job.team, ()), cap, quota, job, place, now)
+
+
+def _lost_by(now: float | None) -> Callable[[Running], float]:
+    """The work term of an option's cost, per victim: GPUs x seconds it loses (`now` given),
+    else GPUs x -start (with equal GPUs, the same order as the work done, with no clock)."""
+    if now is None:
+        return lambda v: -v.job.demand.gpu * v.start_time
+    return lambda v: v.job.demand.gpu * v.unsaved_s(now)
 
 
 def _plan_on_index(
-    index: NodeIndex, cap: Capacity, quota: QuotaLedger, job: Job, place: Placer
+    index: NodeIndex,
+    cap: Capacity,
+    quota: QuotaLedger,
+    job: Job,
+    place: Placer,
+    now: float | None = None,
 ) -> PreemptionPlan | None:
     """`_plan_on_one_node` over the candidates of `index`."""
+    lost = _lost_by(now)
     need = job.whole_gpus
     team, preemptible = job.team, job.preemptible
     own = index.own
@@ -172,12 +197,14 @@ def _plan_on_index(
             continue  # ... or give back enough of its team's own quota
         lack = max(need - free, 0) * 1000
         # The work term's bound: an option that ties on (priority, GPUs, count) is one victim
-        # of `lack` GPUs at the node's lowest priority, started no later than victims[0] (loss
-        # order: the most recently started first), so -lack * its start is no less than this.
-        # A bound of -inf instead made every node of equal (priority, lack) be costed before
-        # any option was taken: 1,200 nodes per search in a 2,000-node cycle.
+        # of `lack` GPUs at the node's lowest priority, which loses no less than victims[0]
+        # (loss order: the least lost first, or the most recently started), so its term is no
+        # less than `lack` GPUs losing what victims[0] would. A bound of -inf instead made
+        # every node of equal (priority, lack) be costed before any option was taken: 1,200
+        # nodes per search in a 2,000-node cycle.
         first = victims[0][0]
-        heap.append(((first.job.priority, lack, 1, -lack * first.start_time, node), None))
+        per_gpu = first.start_time if now is None else -first.unsaved_s(now)
+        heap.append(((first.job.priority, lack, 1, -lack * per_gpu, node), None))
     heapq.heapify(heap)
     # Cheapest option first, the preemptor's quota with its victims gone (checked only for
     # the options looked at: a cluster has thousands of nodes), then a real placement: enough
@@ -189,14 +216,12 @@ def _plan_on_index(
             node = bound[4]
             chosen = _room_on(node, by_node[node], cap, quota, job)
             if chosen is not None:
-                # Between options of equal priority, GPUs and count, the least work lost:
-                # with the GPUs equal, sum(gpus x -start) orders as the GPU-seconds the
-                # victims have run (the most recently started first), with no clock needed.
+                # Between options of equal priority, GPUs and count, the least work lost.
                 cost = (
                     max(v.job.priority for v in chosen),
                     sum(v.job.demand.gpu for v in chosen),
                     len(chosen),
-                    -sum(v.job.demand.gpu * v.start_time for v in chosen),
+                    sum(lost(v) for v in chosen),
                     node,
                 )
                 heapq.heappush(heap, (cost, chosen))

@@ -8,7 +8,8 @@ one becomes eligible, so that a failed search knows when to look again.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import attrgetter
 
 from scheduling.capacity import Capacity
@@ -17,6 +18,21 @@ from scheduling.quota import QuotaLedger
 from scheduling.snapshot import Snapshot
 
 BY_LOSS = attrgetter("loss")  # Running.loss: cheapest losses first
+
+
+def loss_at(now: float) -> Callable[[Running], tuple]:
+    """The victim order of a checkpoint-aware policy at `now`: lower priority, then the fewest
+    seconds a preemption destroys (`Running.unsaved_s`), then as `BY_LOSS`. For jobs that
+    never checkpoint it is `BY_LOSS`'s order (unsaved = now - start)."""
+
+    def key(r: Running) -> tuple:
+        return (r.job.priority, r.unsaved_s(now), -r.start_time, r.job.id)
+
+    return key
+
+
+def _checkpoints(runs: Iterable[Running]) -> bool:
+    return any(r.job.checkpoint_s != math.inf for r in runs)
 
 
 def _by_node(runs: Iterable[Running]) -> dict[int, int]:
@@ -54,8 +70,15 @@ class VictimPool:
         min_runtime_s: float,
         max_preemptions: int,
         max_runtime_s: float = float("inf"),
+        checkpoint_aware: bool = False,
     ) -> None:
         self.min_runtime_s = min_runtime_s
+        # Cheapest losses first: by start, or (checkpoint-aware) by the work lost now, where
+        # a team's list is sorted again when it holds a job that checkpoints.
+        self.checkpoint_aware = checkpoint_aware
+        self.loss_key: Callable[[Running], tuple] = (
+            loss_at(snap.now) if checkpoint_aware else BY_LOSS
+        )
         self.max_preemptions = max_preemptions
         self.max_runtime_s = max_runtime_s
         self._snap = snap
@@ -71,6 +94,10 @@ class VictimPool:
         self._unguarded_gpus: Mapping[str, int] = {}
         self._upcoming: list[Running] | None = None
         self._upcoming_by_team: dict[str, list[Running]] | None = None
+
+    @property
+    def now(self) -> float:
+        return self._snap.now
 
     def victims(self, team: str) -> list[Running]:
         """The team's victims within the guards, cheapest losses first.
@@ -110,6 +137,8 @@ class VictimPool:
                 and start >= now - max_rt
             ]
             if chunk:
+                if self.checkpoint_aware and _checkpoints(chunk):
+                    chunk.sort(key=self.loss_key)
                 below.append((prio, total, len(out)))
                 total += sum(r.job.demand.gpu for r in chunk)
                 out.extend(chunk)
@@ -159,6 +188,11 @@ class VictimPool:
         if self.min_runtime_s <= 0:  # every preemptible job: the state keeps them by team
             self._unguarded_gpus = snap.preemptible_gpus
             self._unguarded = snap.preemptible_by_team  # read only
+            if self.checkpoint_aware:
+                self._unguarded = {
+                    t: sorted(rs, key=self.loss_key) if _checkpoints(rs) else rs
+                    for t, rs in snap.preemptible_by_team.items()
+                }
             return self._unguarded
         everyone: dict[str, list[Running]] = {}
         now = snap.now
@@ -166,7 +200,7 @@ class VictimPool:
             if r.job.preemptible and r.start_time + self.min_runtime_s <= now:
                 everyone.setdefault(r.job.team, []).append(r)
         for runs in everyone.values():
-            runs.sort(key=BY_LOSS)
+            runs.sort(key=self.loss_key)
         self._unguarded_gpus = {t: sum(r.job.demand.gpu for r in rs) for t, rs in everyone.items()}
         self._unguarded = everyone
         return everyone

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -528,6 +529,19 @@ def test_a_preempted_job_pays_the_restart_cost_when_admitted_again(
     assert d["goodput"] == round((3000 * 2 + 3000 * 2 + 100 * 3) / (6 * b_done), 4)
     assert d["avg_total_wait_s"] == round((0 + 100 + 600) / 3, 3)  # a 0, b 701 - 601, p 600
     assert d["avg_first_wait_s"] == 200.0  # a 0, b 0, p 600
+
+
+def test_a_rows_own_checkpoint_interval_is_kept_and_wins_over_the_runs():
+    """The trace's `checkpoint_s` column: b checkpoints every 100 s by itself (kept 600 of the
+    601 s it ran), with or without an interval for every job (which it overrides)."""
+    cluster, teams, trace = _preempting_trace()
+    own = [replace(t, checkpoint_s=100.0) if t.job_id == "b" else t for t in trace]
+    for everyone in (None, 250.0):
+        result = simulate(cluster, teams, own, POLICIES["berth"], checkpoint_s=everyone)
+        [pre] = [e for e in result.events if e["job"] == "b" and e["type"] == "preempt"]
+        assert (pre["t"], pre["kept_s"]) == (601, 600.0)
+    with pytest.raises(ValueError, match="checkpoint_s must be a number of seconds > 0"):
+        simulate(cluster, teams, trace, POLICIES["berth"], checkpoint_s=0.0)
 
 
 @pytest.mark.parametrize("bad", [-1.0, math.inf, math.nan])

@@ -6,6 +6,8 @@ on a cloned ledger, on random busy clusters."""
 
 from __future__ import annotations
 
+import math
+
 from builders import World, cluster, job, policy, teams
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -15,11 +17,14 @@ from scheduling.placement import TOPOLOGY
 from scheduling.preemption import PreemptionPlan, _plan_on_one_node, _room_on
 from scheduling.resources import ZERO
 from scheduling.victim_index import NodeIndex
-from scheduling.victims import BY_LOSS
+from scheduling.victims import BY_LOSS, loss_at
 
 
-def _plain(candidates: list[Running], cap, quota, job: Job) -> PreemptionPlan | None:
-    """The definition: cost every node's option, sort, check quota on a clone, then place."""
+def _plain(
+    candidates: list[Running], cap, quota, job: Job, aware: bool = False
+) -> PreemptionPlan | None:
+    """The definition: cost every node's option, sort, check quota on a clone, then place.
+    `aware`: the work lost is the work since each victim's last checkpoint."""
     need = job.whole_gpus
     by_node: dict[int, list[tuple[Running, int, int]]] = {}
     for r in candidates:
@@ -35,7 +40,10 @@ def _plain(candidates: list[Running], cap, quota, job: Job) -> PreemptionPlan | 
             continue
         chosen = _room_on(node, victims, cap, quota, job)
         if chosen is not None:
-            lost = sum(v.job.demand.gpu * (1000.0 - v.start_time) for v in chosen)
+            lost = sum(
+                v.job.demand.gpu * (v.unsaved_s(1000.0) if aware else 1000.0 - v.start_time)
+                for v in chosen
+            )
             cost = (
                 max(v.job.priority for v in chosen),
                 sum(v.job.demand.gpu for v in chosen),
@@ -85,6 +93,7 @@ def _worlds(draw: st.DrawFn) -> tuple[World, Job]:
                 cpus=draw(st.sampled_from([0, 1, 6])),
                 priority=draw(st.integers(0, 2)),
                 preemptible=draw(st.booleans()),
+                checkpoint_s=draw(st.sampled_from([math.inf, 50.0, 300.0])),
             ),
             at=float(i),
         )
@@ -101,16 +110,21 @@ def _worlds(draw: st.DrawFn) -> tuple[World, Job]:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_worlds())
-def test_the_heap_finds_the_plan_the_sorted_options_find(case: tuple[World, Job]) -> None:
+@given(_worlds(), st.booleans())
+def test_the_heap_finds_the_plan_the_sorted_options_find(
+    case: tuple[World, Job], aware: bool
+) -> None:
+    """`aware`: a checkpoint-aware policy's search (victims by the work lost now)."""
     w, preemptor = case
     snap = w.state.snapshot(1000.0)
     cap, quota = snap.capacity.clone(), snap.quota.clone()
     assume(TOPOLOGY(cap, preemptor) is None)  # only such jobs are planned this way
-    candidates = sorted((r for r in snap.running.values() if r.job.preemptible), key=BY_LOSS)
+    order = loss_at(1000.0) if aware else BY_LOSS
+    candidates = sorted((r for r in snap.running.values() if r.job.preemptible), key=order)
     assume(candidates)
-    got = _plan_on_one_node(candidates, cap, quota, preemptor, TOPOLOGY)
-    want = _plain(candidates, cap, quota, preemptor)
+    now = 1000.0 if aware else None
+    got = _plan_on_one_node(candidates, cap, quota, preemptor, TOPOLOGY, now)
+    want = _plain(candidates, cap, quota, preemptor, aware)
     if want is None:
         assert got is None
     else:

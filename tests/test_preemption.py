@@ -150,3 +150,37 @@ def test_preemption_off_means_none():
     w.submit(job("b1", "b", gpus=8), at=0).cycle(0)
     w.submit(job("a1", "a", gpus=4), at=0)
     assert w.cycle(10_000).preempted == []
+
+
+def checkpointing_world(pol_name: str) -> World:
+    """b borrows both nodes of a (4 GPUs each): b-saved started first but checkpoints every
+    300 s (at t=1000 it last saved at 900: 100 s unsaved); b-fresh started later and never
+    checkpoints (600 s unsaved at t=1000)."""
+    w = World(cluster(nodes=2, gpus=4), teams(a=4, b=4), policy(pol_name, **POL_KNOBS))
+    w.submit(job("b-saved", "b", gpus=4, checkpoint_s=300.0), at=0).cycle(0)
+    w.submit(job("b-fresh", "b", gpus=4), at=400).cycle(400)
+    w.submit(job("a1", "a", gpus=4), at=500)
+    return w
+
+
+POL_KNOBS = {"min_runtime_s": 100, "preemption_delay_s": 50}
+
+
+def test_a_checkpoint_aware_policy_preempts_the_job_that_loses_least_now():
+    res = checkpointing_world("berth-checkpoint-aware").cycle(1000)
+    assert [(p.job_id, p.by) for p in res.preempted] == [("b-saved", "a1")]
+    # Kueue's rule (and berth's default): the most recently started goes.
+    res = checkpointing_world("berth").cycle(1000)
+    assert [(p.job_id, p.by) for p in res.preempted] == [("b-fresh", "a1")]
+    res = checkpointing_world("kueue-tas").cycle(1000)
+    assert [p.job_id for p in res.preempted] == ["b-fresh"]
+
+
+def test_unsaved_work_counts_from_the_last_checkpoint():
+    from scheduling.jobs import Placement, ReplicaPlacement, Running
+
+    placement = Placement((ReplicaPlacement(0, (0,)),), "gpu_group")
+    saves = Running(job("s", checkpoint_s=300.0), placement, start_time=100.0)
+    never = Running(job("n"), placement, start_time=100.0)
+    assert saves.unsaved_s(1000.0) == 0.0 and saves.unsaved_s(1299.0) == 299.0
+    assert never.unsaved_s(1000.0) == 900.0

@@ -163,6 +163,8 @@ DURATIONS = (st.integers(1, 1000) | st.integers(600, 2000)).map(float)  # long: 
 # Most jobs give no time limit; the others one of a few (as users pick round numbers), some
 # shorter than the job needs (it is stopped there): jobs with limits backfill reservations.
 TIME_LIMITS = st.sampled_from([None, None, None, 300.0, 1200.0, 2400.0])
+# Some jobs checkpoint (a preemption loses only the work since; berth's victims know it).
+CHECKPOINTS = st.sampled_from([None, None, None, 120.0, 600.0])
 # True about one time in sixteen: st.integers(0, 15) draws its bounds far more often than that.
 ONE_IN_16 = st.sampled_from([False] * 15 + [True])
 INFEASIBLE_HOW = st.integers(0, 4)
@@ -209,6 +211,7 @@ def trace_jobs(
             cpus_per_replica=cpus,
             memory_gb_per_replica=memory,
             time_limit_s=draw(TIME_LIMITS),
+            checkpoint_s=draw(CHECKPOINTS),
         )
         if draw(ONE_IN_16):
             job = _infeasible(job, draw(INFEASIBLE_HOW), biggest_node)

@@ -96,7 +96,11 @@ def simulate(
         str | None, typer.Option(help="comma-separated policies to run side by side")
     ] = None,
     checkpoint_interval: Annotated[
-        float | None, typer.Option(help="seconds of work kept at each checkpoint on preemption")
+        float | None,
+        typer.Option(
+            help="every job checkpoints every so many seconds of work (a row's checkpoint_s "
+            "wins); a preemption loses only the work since"
+        ),
     ] = None,
     restart_cost: Annotated[
         float,

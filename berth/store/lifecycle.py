@@ -110,6 +110,7 @@ def insert(
             topology=job.topology,
             preemptible=job.preemptible,
             time_limit_s=spec.time_limit_s,
+            checkpoint_s=spec.checkpoint_every_s,
             enqueued_at=now,
             seq=_take_seq(conn),
             not_before=0.0,

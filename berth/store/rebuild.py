@@ -45,6 +45,7 @@ ENGINE_COLUMNS = tuple(
         "topology",
         "preemptible",
         "time_limit_s",
+        "checkpoint_s",
         "enqueued_at",
         "seq",
         "not_before",
@@ -92,6 +93,7 @@ def job_of(row: Mapping[str, Any]) -> Job:
         preemptible=bool(row["preemptible"]),
         submit_time=row["submitted_at"],
         time_limit_s=math.inf if row["time_limit_s"] is None else row["time_limit_s"],
+        checkpoint_s=math.inf if row["checkpoint_s"] is None else row["checkpoint_s"],
     )
 
 

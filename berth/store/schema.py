@@ -88,6 +88,7 @@ jobs = Table(
     Column("topology", String(32), nullable=False),
     Column("preemptible", Boolean, nullable=False),
     Column("time_limit_s", Float),  # None: no limit (the engine's infinite)
+    Column("checkpoint_s", Float),  # the spec's checkpoint_every_s; None: never
     # Queue order: a preempted or lost job keeps its place.
     Column("enqueued_at", Float, nullable=False),
     Column("seq", Integer, nullable=False),

@@ -80,14 +80,15 @@ class RuleChecks:
         limit = math.inf if job.time_limit_s is None else job.time_limit_s
         # The runtime stops a run exactly at its time limit, and only one that needed more
         # (with checkpoints, what it needed is less than `want`: unknown here).
-        needed_more = want > limit or bool(self.checkpoint_s)
+        saves = job.checkpoint_s is not None or bool(self.checkpoint_s)  # its own, or all's
+        needed_more = want > limit or saves
         if timed_out and not (needed_more and math.isclose(ran, limit, abs_tol=1e-6)):
             self.flag(
                 job.job_id, "duration", f"stopped after {ran:g}s at a time limit of {limit:g}s"
             )
         if timed_out:
             return
-        if ran > limit + 1e-6 or (want > limit and not self.checkpoint_s):
+        if ran > limit + 1e-6 or (want > limit and not saves):
             self.flag(
                 job.job_id,
                 "duration",
@@ -97,7 +98,7 @@ class RuleChecks:
             return
         if math.isclose(ran, want, rel_tol=1e-9, abs_tol=1e-6):
             return
-        if self.checkpoint_s and 0 < ran < want:
+        if saves and 0 < ran < want:
             return  # resumed from a checkpoint
         self.flag(job.job_id, "duration", f"ran {ran:g}s since its last admit; want {want:g}s")
 

@@ -47,8 +47,8 @@ class SimulationResult:
 RESTART_COST_S = 60.0
 
 
-def to_job(t: TraceJob) -> Job:
-    """A trace row in engine units."""
+def to_job(t: TraceJob, checkpoint_s: float | None = None) -> Job:
+    """A trace row in engine units; `checkpoint_s` for a row that gives none."""
     r = Resources.of(t.gpus_per_replica, t.cpus_per_replica, t.memory_gb_per_replica)
     return Job(
         id=t.job_id,
@@ -62,6 +62,7 @@ def to_job(t: TraceJob) -> Job:
         preemptible=t.preemptible,
         submit_time=t.submit_time,
         time_limit_s=math.inf if t.time_limit_s is None else t.time_limit_s,
+        checkpoint_s=next((s for s in (t.checkpoint_s, checkpoint_s) if s is not None), math.inf),
     )
 
 
@@ -101,9 +102,11 @@ def simulate(
     """
     if not (math.isfinite(restart_cost_s) and restart_cost_s >= 0):
         raise ValueError(f"restart_cost_s must be a finite number >= 0, got {restart_cost_s}")
+    if checkpoint_s is not None and not 0 < checkpoint_s < math.inf:
+        raise ValueError(f"checkpoint_s must be a number of seconds > 0, got {checkpoint_s}")
     started = time.perf_counter()
     state = EngineState(cluster, teams, policy)
-    jobs = {t.job_id: to_job(t) for t in trace}
+    jobs = {t.job_id: to_job(t, checkpoint_s) for t in trace}
     duration = {t.job_id: t.duration for t in trace}
     work_left = dict(duration)  # ideal seconds still to run
     attempt: dict[str, int] = {}
@@ -204,7 +207,8 @@ def simulate(
             admitted, slowdown, restart = started_at.pop(job_id)
             # Checkpoints count from the end of the restart: reloading saves nothing new.
             done = max(0.0, (now - admitted) / slowdown - restart)
-            kept = math.floor(done / checkpoint_s) * checkpoint_s if checkpoint_s else 0.0
+            every = jobs[job_id].checkpoint_s  # the row's interval, else `checkpoint_s`
+            kept = math.floor(done / every) * every if every != math.inf else 0.0
             work_left[job_id] -= kept
             attempt[job_id] += 1  # invalidates the planned finish
             if restart_cost_s:

@@ -2,9 +2,11 @@
 
 A trace is a CSV file with a header row and one job per row. Required columns:
 `job_id, submit_time, team, replicas, gpus_per_replica, duration`; optional columns:
-`priority, topology, preemptible, cpus_per_replica, memory_gb_per_replica, time_limit_s` (an
-empty cell means the default; `time_limit_s` is the most seconds one run may take: the
-simulator stops a run there, and only jobs with a limit backfill reserved nodes). Unknown
+`priority, topology, preemptible, cpus_per_replica, memory_gb_per_replica, time_limit_s,
+checkpoint_s` (an empty cell means the default; `time_limit_s` is the most seconds one run may
+take: the simulator stops a run there, and only jobs with a limit backfill reserved nodes;
+`checkpoint_s`: the job saves a checkpoint every so many seconds of work, so a preemption
+loses only what it did since, and a checkpoint-aware policy knows it). Unknown
 columns are ignored so traces can carry notes.
 
 `load_trace` checks every row and reports every problem at once (line and column), because a
@@ -51,6 +53,7 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
     "cpus_per_replica",
     "memory_gb_per_replica",
     "time_limit_s",
+    "checkpoint_s",
 )
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 _MAX_LISTED = 50
@@ -72,6 +75,7 @@ class TraceJob:
     cpus_per_replica: float = 0.0
     memory_gb_per_replica: float = 0.0
     time_limit_s: float | None = None  # None: no limit
+    checkpoint_s: float | None = None  # None: as the simulation says (by default never)
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,7 @@ def _row_validator() -> SchemaValidator:
         field("cpus_per_replica", number(ge=0), 0.0),
         field("memory_gb_per_replica", number(ge=0), 0.0),
         field("time_limit_s", cs.nullable_schema(number(gt=0)), None),
+        field("checkpoint_s", cs.nullable_schema(number(gt=0)), None),
     ]
     job = cs.dataclass_schema(
         TraceJob,
