@@ -36,8 +36,13 @@ and nothing secret is written into a DAG or a trigger's serialized kwargs:
 - `BERTH_POOL_SYNC_S`: how often (seconds, default 30) Airflow's API server looks for a
   changed teams or cluster file and syncs the team pools (plugins/berth_api/pool_sync.py);
   `0` leaves the pools to `berth pools sync`.
-- `BERTH_AIRFLOW_URL`: the Airflow UI, for links back to a task (default
-  `http://localhost:8080`).
+- `BERTH_AIRFLOW_URL`: the Airflow UI as a browser reaches it, for links back to a task
+  (default `http://localhost:8080`; on a cluster its public address, behind the Ingress).
+- `BERTH_JOB_IMAGE`: on Kubernetes, the image the trigger form offers (with the demo's
+  training script, /opt/berth/examples/train_mlp.py, as its command): docker/job-base's image,
+  e.g. `registry.example.com/berth/job-base:0.1.0` (unset: the form's image is empty).
+- `BERTH_MLFLOW_PUBLIC_URL`: the MLflow UI as a browser reaches it, for the "MLflow run" link
+  (default: MLFLOW_TRACKING_URI, which on a cluster is an in-cluster name no browser opens).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from berth.access import Access, load_access
+from berth.spec_fields import image_ref
 from scheduling.cluster import Cluster
 from scheduling.config import load_cluster, load_teams
 from scheduling.policy import BERTH, Policy
@@ -87,6 +93,8 @@ class BerthSettings:
     runtime_kind: str = "local"
     tracking_uri: str | None = None
     airflow_url: str = "http://localhost:8080"
+    mlflow_public_url: str | None = None  # None: the tracking URI
+    job_image: str | None = None  # the trigger form's image on Kubernetes
     system_metrics_interval_s: float | None = None
     artifacts_s3_prefix: str | None = None
     kube_settings_path: Path | None = None
@@ -107,7 +115,7 @@ class BerthSettings:
             )
         cluster = _cluster_path(env.get("BERTH_CLUSTER") or None, kind)
         tracking = env.get("MLFLOW_TRACKING_URI") or None
-        airflow = (env.get("BERTH_AIRFLOW_URL") or "http://localhost:8080").rstrip("/")
+        airflow = _browser_url(env, "BERTH_AIRFLOW_URL") or "http://localhost:8080"
         return cls(
             home,
             url,
@@ -116,6 +124,8 @@ class BerthSettings:
             kind,
             tracking,
             airflow,
+            mlflow_public_url=_browser_url(env, "BERTH_MLFLOW_PUBLIC_URL"),
+            job_image=_job_image(env),
             system_metrics_interval_s=_system_metrics_interval(env),
             artifacts_s3_prefix=_artifacts_s3_prefix(env),
             kube_settings_path=Path(env["BERTH_KUBE_SETTINGS"])
@@ -198,6 +208,11 @@ class BerthSettings:
         """The MLflow tracker, or None when MLFLOW_TRACKING_URI is unset."""
         return _tracker(self) if self.tracking_uri else None
 
+    @property
+    def mlflow_ui_url(self) -> str | None:
+        """Where a browser opens MLflow: BERTH_MLFLOW_PUBLIC_URL, else the tracking URI."""
+        return self.mlflow_public_url or self.tracking_uri
+
 
 def settings() -> BerthSettings:
     """The settings of this process's environment."""
@@ -219,6 +234,30 @@ def _system_metrics_interval(env: Mapping[str, str]) -> float | None:
             "or unset it for MLflow's default of 10 s"
         )
     return seconds
+
+
+def _job_image(env: Mapping[str, str]) -> str | None:
+    image = env.get("BERTH_JOB_IMAGE") or None
+    if image is None:
+        return None
+    try:
+        return image_ref(image)
+    except ValueError as e:
+        raise ValueError(f"BERTH_JOB_IMAGE: {e}") from None
+
+
+def _browser_url(env: Mapping[str, str], var: str) -> str | None:
+    """An address users open (links Berth writes), checked: a typo would give dead links."""
+    url = env.get(var) or None
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+        raise ValueError(
+            f"{var}: must be an http(s) URL that a browser opens, got {url!r}; e.g. "
+            "'https://airflow.example.com' (the host of the Ingress)"
+        )
+    return url.rstrip("/")
 
 
 def _artifacts_s3_prefix(env: Mapping[str, str]) -> str | None:

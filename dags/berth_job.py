@@ -21,13 +21,19 @@ from operators import FROM_PARAMS, gpu_job, job_params
 from operators.context import settings
 
 TRAIN = str(Path(__file__).parent / "training" / "train_mlp.py")
+# The same script in docker/job-base's image (BERTH_JOB_IMAGE), where a pod runs it.
+IMAGE_TRAIN = "/opt/berth/examples/train_mlp.py"
+if settings().runtime_kind == "kubernetes":  # the pods run an image, not this DAG folder
+    DEFAULTS = (["python", IMAGE_TRAIN, "--epochs", "10"], settings().job_image)
+else:
+    DEFAULTS = (["python", TRAIN, "--epochs", "10"], None)
 
 with DAG(
     dag_id="berth_job",
     schedule=None,
     catchup=False,
     tags=["berth"],
-    params=job_params(sorted(settings().teams()), ["python", TRAIN, "--epochs", "10"]),
+    params=job_params(sorted(settings().teams()), *DEFAULTS),
     doc_md=__doc__,
     # Berth's queue is the queue: a cap here (Airflow's default is 16) would hold the runs past
     # it as queued DAG runs outside Berth, with no reason, position or fair share. The run task

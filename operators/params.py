@@ -26,8 +26,12 @@ JOB, RESOURCES, ENVIRONMENT, DATA, ADVANCED = "Job", "Resources", "Environment",
 NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label that starts with a letter
 
 
-def job_params(teams: list[str], default_command: list[str]) -> dict[str, Param]:
-    """Params for every JobSpec field a UI user needs; `teams` is the team enum.
+def job_params(
+    teams: list[str], default_command: list[str], default_image: str | None = None
+) -> dict[str, Param]:
+    """Params for every JobSpec field a UI user needs; `teams` is the team enum;
+    `default_image` fills the image field (on Kubernetes: BERTH_JOB_IMAGE, which holds the
+    default command's script).
 
     The team has no default: a user picks one, or would be charged to the first team without
     noticing (a REST call without it is refused, naming the field). Optional fields accept
@@ -155,7 +159,7 @@ def job_params(teams: list[str], default_command: list[str]) -> dict[str, Param]
             description="e.g. 3.11; empty: the platform's.",
         ),
         "image": Param(
-            None,
+            default_image,
             type=["null", "string"],
             title="Container image",
             section=ENVIRONMENT,

@@ -87,7 +87,7 @@ def open_attempt(
     except TrackingError as e:
         log.warning("attempt %d runs untracked: %s", attempt, e)
         return None, {}
-    url = run_url(tracker.tracking_uri, run)
+    url = run_url(settings().mlflow_ui_url or tracker.tracking_uri, run)
     log.info("MLflow run of attempt %d: %s", attempt, url)
     return url, tracker.attempt_env(run)
 

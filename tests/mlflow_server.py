@@ -30,8 +30,10 @@ class MlflowServer:
         backend_uri: str | None = None,
         artifacts_destination: str | None = None,
         env: dict[str, str] | None = None,
+        extra_args: list[str] | None = None,
     ) -> None:
         self.root = root
+        self.extra_args = list(extra_args or ())
         self.port = port or free_port()
         self.backend_uri = backend_uri or f"sqlite:///{root / 'mlflow.db'}"
         self.artifacts_destination = artifacts_destination or str(root / "artifacts")
@@ -56,6 +58,7 @@ class MlflowServer:
                 str(self.port),
                 "--workers",
                 "2",
+                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -68,6 +68,9 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
     srv.stop()
 
 
+PUBLIC_MLFLOW, PUBLIC_AIRFLOW = "https://mlflow.example.test", "https://airflow.example.test"
+
+
 @pytest.fixture(scope="module")
 def airflow_env(
     tmp_path_factory: pytest.TempPathFactory, mlflow_server: MlflowServer
@@ -84,6 +87,9 @@ def airflow_env(
         dags,
         root / "berth",
         MLFLOW_TRACKING_URI=mlflow_server.uri,
+        # Links for browsers (an Ingress's hosts), apart from the addresses tasks use.
+        BERTH_MLFLOW_PUBLIC_URL=PUBLIC_MLFLOW,
+        BERTH_AIRFLOW_URL=PUBLIC_AIRFLOW,
         # the defaults: config/ of this repo, the store under BERTH_HOME
         BERTH_STORE_URL=None,
         BERTH_CLUSTER=None,
@@ -122,6 +128,8 @@ def test_gang_job_runs_the_training_and_succeeds(airflow_env: dict[str, str]) ->
     handed = result["xcoms"]["train.wait"]
     assert (handed["status"], handed["job_id"], handed["attempt"]) == ("running", job.id, 1)
     assert handed["placement"].startswith(job.nodes[0]), handed
+    # The "MLflow run" link is for a browser: the public address, not the tracking URI.
+    assert handed["mlflow_url"].startswith(f"{PUBLIC_MLFLOW}/#/experiments/"), handed
     outputs = Path(airflow_env["BERTH_HOME"], "artifacts", job.id, "1", "outputs")
     metrics = json.loads((outputs / "metrics.json").read_text())
     assert metrics["world"] == 2 and metrics["accuracy"] > 0.7  # both ranks trained together
@@ -176,6 +184,7 @@ def test_job_from_params_fails_once_then_succeeds_on_retry(airflow_env: dict[str
         assert run.data.tags["airflow.dag_id"] == "berth_job"
         assert run.data.tags["airflow.try_number"] == try_number
         assert run.data.tags["airflow.task_url"].endswith("/tasks/job.run")
+        assert run.data.tags["airflow.task_url"].startswith(f"{PUBLIC_AIRFLOW}/dags/berth_job/")
         assert run.data.metrics["queue_wait_s"] >= 0 and run.data.metrics["run_s"] > 0
     # The training code's own plain-mlflow metrics and model, and the collected artifacts.
     assert [m.step for m in client.get_metric_history(second.info.run_id, "accuracy")] == [2, 3]

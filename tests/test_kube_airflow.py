@@ -294,3 +294,41 @@ def test_an_environment_job_with_inputs_runs_its_built_image_on_staged_data(
         assert (mount.mount_path, mount.read_only) == (MOUNT, True)
         variables = {e.name: e.value for e in container.env}
         assert {k: variables.get(k) for k in staged} == staged
+
+
+# --- the trigger form's defaults ----------------------------------------------------------------
+
+
+def test_the_trigger_forms_defaults_run_on_kubernetes(kube_api: KubeAPI, tmp_path: Path) -> None:  # noqa: F811
+    """berth_job as a user triggers it with nothing but a team: on Kubernetes the form's
+    defaults are BERTH_JOB_IMAGE and the training script inside it (docker/job-base), not the
+    DAG folder's path and an environment that only a configured image build could make."""
+    nodes, cluster_yaml = gpu_cluster(kube_api, tmp_path)
+    ensure_namespace(kube_api, "berth-vision")
+    image = "registry.example.com/berth/job-base:0.1.0"
+    env = airflow_env(kube_api, tmp_path, cluster_yaml, BERTH_JOB_IMAGE=image)
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "berth_job.py").write_text((REPO / "dags" / "berth_job.py").read_text())
+    pods: list[client.V1Pod] = []
+
+    def outcome(pod: client.V1Pod) -> int:
+        pods.append(pod)
+        return 0
+
+    with KubeletStandin(kube_api.core, nodes, outcome).running():
+        result, out = run_dag_test(
+            env, dags / "berth_job.py", {"team": "vision"}, timeout_s=DAG_TIMEOUT_S
+        )
+    assert result["state"] == "success", out[-3000:]
+    [pod] = pods
+    container = pod.spec.containers[0]
+    assert container.image == image
+    # The script the command names is the one the job-base image holds.
+    dockerfile = (REPO / "docker" / "job-base" / "Dockerfile").read_text()
+    [copied] = [
+        line.split()[-1]
+        for line in dockerfile.splitlines()
+        if line.startswith("COPY") and "train_mlp.py" in line
+    ]
+    assert container.command[:2] == ["python", copied] or container.args[:2] == ["python", copied]

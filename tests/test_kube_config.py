@@ -57,3 +57,12 @@ def test_settings_name_a_missing_file(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"absent\.yaml: no such file"):
         s.kube_config()
+
+
+def test_the_forms_job_image_is_checked_as_a_specs_image(tmp_path: Path) -> None:
+    image = "registry.example.com/berth/job-base:0.1.0"
+    s = BerthSettings.from_env({"BERTH_HOME": str(tmp_path), "BERTH_JOB_IMAGE": image})
+    assert s.job_image == image
+    with pytest.raises(ValueError) as err:
+        BerthSettings.from_env({"BERTH_HOME": str(tmp_path), "BERTH_JOB_IMAGE": "https://r/x:1"})
+    assert "BERTH_JOB_IMAGE" in str(err.value) and "scheme" in str(err.value)

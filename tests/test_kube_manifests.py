@@ -90,10 +90,9 @@ def test_the_manifests_found_are_the_ones_shipped() -> None:
     assert (rbac, "ServiceAccount", "berth-runtime") in found
     assert (rbac, "PriorityClass", "berth-job") in found
     assert ("docker/helm/pod-template.yaml", "Pod", "placeholder-name") in found
-    # The walkthrough's own objects (a team namespace, MLflow) are checked like the files.
+    # The walkthrough's own objects (MLflow) are checked like the files; the team namespaces
+    # are `berth kube manifests`'s (tests/test_kube_team_objects.py).
     assert {k for s, k, _ in found if s.startswith("docker/README.md")} >= {
-        "Namespace",
-        "RoleBinding",
         "Deployment",
         "Service",
     }
@@ -323,9 +322,17 @@ def test_the_helm_values_set_what_the_chart_reads() -> None:
         assert pod_env[name] == value, f"{name} differs between values.yaml and the pod template"
     image = values["images"]["airflow"]
     assert base["image"] == f"{image['repository']}:{image['tag']}"
-    assert {v["name"]: v["configMap"]["name"] for v in values["volumes"]} == {
-        "berth-config": "berth-config"
-    }
+    # The same volumes too: the configuration, and BERTH_HOME on the shared claim (not an
+    # emptyDir, which would lose the tracking spool with each pod).
+    pod_volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    for volume in values["volumes"]:
+        assert pod_volumes[volume["name"]] == volume, volume["name"]
+    assert pod_volumes["berth-home"]["persistentVolumeClaim"] == {"claimName": "berth-home"}
+    mounts = {m["name"]: m["mountPath"] for m in values["volumeMounts"]}
+    assert mounts["berth-home"] == env.get("BERTH_HOME", "/opt/airflow/berth")
+    assert {m["name"]: m["mountPath"] for m in base["volumeMounts"]}["berth-home"] == (
+        mounts["berth-home"]
+    )
 
 
 def test_the_readme_installs_with_the_values_and_the_pod_template() -> None:

@@ -13,6 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from mlflow_server import MlflowServer
 
+from berth.settings import BerthSettings
 from berth.tracking import JobTracker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -196,3 +197,32 @@ def test_a_replica_trains_through_a_server_outage_and_loses_no_metric(tmp_path):
         assert sorted(m.step for m in history) == list(range(20))
     finally:
         srv.stop()
+
+
+# -- links a browser opens: BERTH_MLFLOW_PUBLIC_URL, BERTH_AIRFLOW_URL -------------------------
+
+
+def test_links_use_the_public_addresses_and_fall_back_to_the_tracking_uri(tmp_path: Path) -> None:
+    inside = {"BERTH_HOME": str(tmp_path), "MLFLOW_TRACKING_URI": "http://mlflow.ns.svc:5000"}
+    s = BerthSettings.from_env(inside)
+    assert s.mlflow_ui_url == "http://mlflow.ns.svc:5000"  # no public one: the same server
+    public = {
+        **inside,
+        "BERTH_MLFLOW_PUBLIC_URL": "https://mlflow.example.com/",
+        "BERTH_AIRFLOW_URL": "https://airflow.example.com",
+    }
+    s = BerthSettings.from_env(public)
+    assert s.mlflow_ui_url == "https://mlflow.example.com"
+    assert s.tracking_uri == "http://mlflow.ns.svc:5000"  # tasks still talk to it inside
+    assert s.airflow_url == "https://airflow.example.com"
+    assert BerthSettings.from_env({"BERTH_HOME": str(tmp_path)}).mlflow_ui_url is None
+
+
+@pytest.mark.parametrize("var", ["BERTH_MLFLOW_PUBLIC_URL", "BERTH_AIRFLOW_URL"])
+@pytest.mark.parametrize("url", ["mlflow.example.com", "ftp://x.example.com", "https://x/?a=1"])
+def test_a_public_address_that_no_browser_opens_is_refused(
+    tmp_path: Path, var: str, url: str
+) -> None:
+    with pytest.raises(ValueError) as err:
+        BerthSettings.from_env({"BERTH_HOME": str(tmp_path), var: url})
+    assert var in str(err.value) and "https://" in str(err.value)
