@@ -35,6 +35,7 @@ from berth.spec_fields import (
     non_blank,
     python_version,
     requirement,
+    secret_ref,
 )
 from scheduling.admission import check_job
 from scheduling.cluster import Cluster
@@ -126,6 +127,12 @@ class JobSpec(BaseModel):
     inputs: tuple[Annotated[str, AfterValidator(input_uri)], ...] = ()
     artifacts: tuple[Annotated[str, AfterValidator(artifact_path)], ...] = ()
     env: dict[Annotated[str, AfterValidator(env_key)], str] = Field(default_factory=dict)
+    # Variables read from Kubernetes Secrets in the team's namespace ('name/key'): the pod
+    # names the Secret and the kubelet fills the value in, so it never passes through Berth,
+    # Airflow's database or the pod's spec.
+    secrets: dict[
+        Annotated[str, AfterValidator(env_key)], Annotated[str, AfterValidator(secret_ref)]
+    ] = Field(default_factory=dict)
     register_model: ModelRegistration | None = None
 
     @model_validator(mode="after")
@@ -266,6 +273,16 @@ def _conflicts(values: Mapping[str, Any], skip: set[str] | None = None) -> list[
                 "against the replica's memory; lower it or raise memory_gb_per_replica",
             )
         )
+    env, secrets = values.get("env"), values.get("secrets")
+    if isinstance(env, Mapping) and isinstance(secrets, Mapping) and "secrets" not in skip:
+        out.extend(
+            SpecProblem(
+                f"secrets.{name}",
+                f"{name} is also in env; a variable comes from env or from a Secret, not both: "
+                "remove one",
+            )
+            for name in sorted(set(env) & set(secrets))
+        )
     judged = not skip & {"retry_backoff_s", "retry_backoff_max_s"}
     if judged and _number(base) and _number(most) and most < base:
         out.append(
@@ -329,6 +346,7 @@ _FIX = {
     "inputs": f"give a list of URIs; {URI_FIX}",
     "artifacts": f"give a list of paths; {ARTIFACT_FIX}",
     "env": "give names and string values, e.g. {SEED: '42'}",
+    "secrets": "give variable names and '<Secret name>/<key>', e.g. {HF_TOKEN: 'hf/token'}",
 }
 _EXPECTED = {
     "string_type": "a string",

@@ -218,6 +218,27 @@ def artifact_path(v: str) -> str:
     return v
 
 
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+
+
+def secret_ref(v: str) -> str:
+    """'name/key': a key of a Kubernetes Secret in the team's namespace."""
+    example = "e.g. 'hf-token/token' (kubectl -n berth-<team> create secret generic hf-token ...)"
+    name, sep, key = v.partition("/")
+    if not sep or not name or not key:
+        raise ValueError(f"must be '<Secret name>/<key>', got {v!r}; {example}")
+    if len(name) > 253 or not _SECRET_NAME.fullmatch(name):
+        raise ValueError(
+            f"{name!r} is not a Secret name (lowercase letters, digits, '-' and '.'); {example}"
+        )
+    if len(key) > 253 or not _SECRET_KEY.fullmatch(key):
+        raise ValueError(
+            f"{key!r} is not a Secret key (letters, digits, '-', '_' and '.'); {example}"
+        )
+    return v
+
+
 def env_key(k: str) -> str:
     if k.startswith(RESERVED_PREFIX):
         raise ValueError(

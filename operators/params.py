@@ -172,6 +172,15 @@ def job_params(
             section=ENVIRONMENT,
             description="Extra variables for every replica, e.g. {SEED: '1'}.",
         ),
+        "secrets": Param(
+            None,
+            type=["null", "object"],
+            additionalProperties={"type": "string"},
+            title="Secrets",
+            section=ENVIRONMENT,
+            description="Variables from Kubernetes Secrets of the team's namespace, "
+            "e.g. {HF_TOKEN: 'hf-token/token'}; the values never pass through Airflow.",
+        ),
         "inputs": optional_list(
             "Inputs", DATA, "Data staged before the job starts, e.g. file:///data/set.npz."
         ),

@@ -70,6 +70,14 @@ class ValidateSpecOperator(_SpecStep):
         check_team_access(s, spec.team, context)
         if s.runtime_kind == "kubernetes" and spec.environment is not None:
             _check_buildable(spec)
+        if s.runtime_kind != "kubernetes" and spec.secrets:
+            # Kubernetes Secrets are the one place secrets come from: refused before anything
+            # is queued, rather than a job that runs without them.
+            raise AirflowFailException(
+                f"secrets: {', '.join(sorted(spec.secrets))} name Kubernetes Secrets, which the "
+                f"{s.runtime_kind} runtime cannot read; run on Kubernetes "
+                "(BERTH_RUNTIME=kubernetes), or pass the values in env on a machine you trust"
+            )
         self.log.info(
             "spec ok: %s for team %s, %d x %g GPU(s)",
             spec.name,

@@ -292,10 +292,14 @@ def pod_manifest(
     cpu_milli: int,
     mem_mib: int,
     owner_uid: str,
+    secrets: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """One replica's pod, bound to its node, owned by the attempt's Service.
 
     `env` is the job's and the platform's; the replica's own variables win over it.
+    `secrets`: variable -> 'Secret name/key' in the pod's namespace, filled in by the kubelet
+    (the value never passes through Berth or the pod's spec; a missing one fails the replica
+    with CreateContainerConfigError, which `poll` reports).
     """
     variables = dict(env) | replica_env(launch, rep) | gpu_env(settings, rep)
     if not (rep.share and settings.shared_gpu_resource is None):
@@ -317,7 +321,7 @@ def pod_manifest(
                 "name": CONTAINER,
                 "image": launch.image,
                 "command": command,
-                "env": [{"name": k, "value": v} for k, v in sorted(variables.items())],
+                "env": [],  # below, once every source of variables is known
                 "resources": {"requests": limits, "limits": limits},
                 "securityContext": container_security,
                 # The log's tail when the job wrote no termination message: a failure's story.
@@ -353,10 +357,12 @@ def pod_manifest(
         )
         volumes.append(volume)
         mounts.append(mount)
-        container["env"] = sorted(
-            container["env"] + [{"name": k, "value": v} for k, v in more.items()],
-            key=lambda e: e["name"],
-        )
+        variables |= more
+    env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in variables.items()]
+    for name, ref in (secrets or {}).items():
+        secret, _, key = ref.partition("/")
+        env_list.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    container["env"] = sorted(env_list, key=lambda e: e["name"])
     if volumes:
         spec["volumes"], container["volumeMounts"] = volumes, mounts
     return {

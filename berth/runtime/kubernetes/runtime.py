@@ -42,6 +42,7 @@ from berth.runtime.kubernetes.status import KubeGangStatus, api_problem, failure
 from berth.runtime.kubernetes.training import shm_mib
 from berth.runtime.kubernetes.volumes import replica_input_env
 from berth.spec import JobSpec
+from berth.spec_fields import env_key, secret_ref
 from berth.staging import StagedInputs
 from scheduling.cluster import Cluster
 from scheduling.jobs import Placement
@@ -92,18 +93,21 @@ class KubernetesRuntime:
         memory_gb: float = 4.0,
         mount_data: bool = False,
         shm_gb: float | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> KubeLaunch:
         """Create the attempt's Service, then per replica its ResourceClaim (where DRA applies)
         and its pod on its node; returns at once (`poll` watches the start). `workdir` is
         ignored (the image's holds); `mount_data`: the team's data volume, read-only; `shm_gb`:
         each replica's /dev/shm (None: half its memory); the job's checkpoint folder where the
-        settings name a checkpoint volume (`training.py`). A GPU that
+        settings name a checkpoint volume (`training.py`); `secrets`: variables from the
+        namespace's Secrets ('name/key', the spec's `secrets`). A GPU that
         another claim holds is a `rejected` failure on the Service (requeued), nothing more.
 
         Raises LaunchError for bad input, an attempt launched before, or a refused object (what
         was created is deleted first: no partial gangs).
         """
         check_launch(job_id, attempt, command, placement, cluster, env, extra_env, time_limit_s)
+        _check_secrets(secrets or {}, {**env, **(extra_env or {})})
         if not image:
             raise LaunchError("image: the Kubernetes runtime runs a container image; set `image`")
         if not team:
@@ -155,7 +159,7 @@ class KubernetesRuntime:
         uid = owner.metadata.uid
         for rep in launch.replicas:
             body = manifests.pod_manifest(
-                self.settings, launch, rep, list(command), variables, cpu, mem, uid
+                self.settings, launch, rep, list(command), variables, cpu, mem, uid, secrets
             )
             what = "ResourceClaim"
             try:
@@ -214,7 +218,7 @@ class KubernetesRuntime:
             env=spec.env, extra_env=extra, time_limit_s=spec.time_limit_s,
             image=spec.image, team=spec.team, cpus=spec.cpus_per_replica,
             memory_gb=spec.memory_gb_per_replica, mount_data=bool(spec.inputs),
-            shm_gb=spec.shm_gb_per_replica,
+            shm_gb=spec.shm_gb_per_replica, secrets=spec.secrets,
         )  # fmt: skip
 
     def stage_inputs(self, team: str, inputs: Sequence[str]) -> StagedInputs:
@@ -451,3 +455,15 @@ def _last_activity(obj: Any) -> float:
         if ended:
             times.append(ended.timestamp())
     return max(times)
+
+
+def _check_secrets(secrets: Mapping[str, str], env: Mapping[str, str]) -> None:
+    """LaunchError naming the first bad `secrets` entry (the spec checks the same)."""
+    for name, ref in secrets.items():
+        try:
+            env_key(name)
+            secret_ref(ref)
+        except ValueError as e:
+            raise LaunchError(f"secrets.{name}: {e}") from None
+        if name in env:
+            raise LaunchError(f"secrets.{name}: also set as a plain variable; remove one")
