@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import requests
+import httpx
 
 from bench.common import ROOT
 
@@ -80,7 +80,7 @@ class Standalone:
         }
         self.log = root / "standalone.log"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.http = requests.Session()
+        self.http = httpx.Client()
 
     def _spawn(self, program: str, command: str, log: Path) -> subprocess.Popen[bytes]:
         """`program command` with this Airflow's environment, its output in `log`, in a
@@ -133,12 +133,12 @@ class Standalone:
                     timeout=10,
                     json={"username": "admin", "password": self.password},
                 )
-                if not r.ok:
+                if not r.is_success:
                     return False
                 self.http.headers["Authorization"] = f"Bearer {r.json()['access_token']}"
             health = self.http.get(f"{self.url}/api/v2/monitor/health", timeout=10).json()
             dag = self.http.get(f"{self.url}/api/v2/dags/{DAG}", timeout=10)
-        except requests.RequestException:
+        except (httpx.HTTPError, ValueError):  # not up, or not answering JSON yet
             return False
         parts = ("scheduler", "triggerer", "dag_processor")
         healthy = all(health.get(k, {}).get("status") == "healthy" for k in parts)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import quote
 
-import requests
+import httpx
 
 from scheduling.cluster import Cluster
 from scheduling.quota import Team
@@ -92,7 +92,7 @@ def sync_pools(
 ) -> dict[str, str]:
     """Create or update every team's pool; returns {pool: "created" | "updated" | "unchanged"}."""
     base = api_url.rstrip("/")
-    with requests.Session() as http:
+    with httpx.Client() as http:
         http.headers["Authorization"] = (
             f"Bearer {_token(http, base, username, password, timeout_s)}"
         )
@@ -122,7 +122,7 @@ def sync_pools(
         return done
 
 
-def _token(http: requests.Session, base: str, user: str, password: str, timeout_s: float) -> str:
+def _token(http: httpx.Client, base: str, user: str, password: str, timeout_s: float) -> str:
     r = http.post(
         f"{base}/auth/token", json={"username": user, "password": password}, timeout=timeout_s
     )
@@ -135,7 +135,7 @@ def _token(http: requests.Session, base: str, user: str, password: str, timeout_
     return r.json()["access_token"]
 
 
-def _check(r: requests.Response, what: str) -> None:
+def _check(r: httpx.Response, what: str) -> None:
     if r.status_code >= 400:
         raise PoolSyncError(
             f"could not {what} a pool: {r.request.method} {r.url} -> {r.status_code} "

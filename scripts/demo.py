@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-import requests
+import httpx
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -70,8 +70,10 @@ class Airflow:
 
     def __init__(self, url: str, user: str, password: str) -> None:
         self.url = url
-        self.http = requests.Session()
-        r = self.http.post(f"{url}/auth/token", json={"username": user, "password": password})
+        self.http = httpx.Client()
+        r = self.http.post(
+            f"{url}/auth/token", json={"username": user, "password": password}, timeout=30
+        )
         r.raise_for_status()
         self.http.headers["Authorization"] = f"Bearer {r.json()['access_token']}"
 

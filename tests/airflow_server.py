@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import requests
+import httpx
 from ports import free_port
 from waiting import wait_for
 
@@ -45,7 +45,7 @@ class AirflowAPI:
 
     def __init__(self, url: str, password: str) -> None:
         self.url = url
-        self.http = requests.Session()
+        self.http = httpx.Client()
         r = self.http.post(
             f"{url}/auth/token", json={"username": USER, "password": password}, timeout=30
         )
@@ -241,10 +241,10 @@ class AirflowDeployment:
 
     def health(self) -> dict[str, Any] | None:
         try:
-            r = requests.get(f"{self.url}/api/v2/monitor/health", timeout=10)
-        except requests.RequestException:
+            r = httpx.get(f"{self.url}/api/v2/monitor/health", timeout=10)
+        except httpx.HTTPError:
             return None
-        return r.json() if r.ok else None
+        return r.json() if r.is_success else None
 
     def wait_healthy(self, components: tuple[str, ...], timeout_s: float = 300) -> None:
         """Until `/api/v2/monitor/health` reports each of `components` healthy; fails at once,

@@ -30,14 +30,13 @@ import secrets
 import shutil
 import ssl
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from cryptography import x509
@@ -284,14 +283,13 @@ def _wait_until_ok(
         nonlocal last
         proc.check_alive()
         try:
-            req = urllib.request.Request(url, headers=headers)
-            with urllib.request.urlopen(req, timeout=5, context=context) as resp:
-                return resp.status == 200
-        except urllib.error.HTTPError as e:
-            last = f"HTTP {e.code}: {e.read()[:500].decode(errors='replace')}"
-        except OSError as e:
+            resp = httpx.get(url, headers=headers, timeout=5, verify=context or True)
+        except httpx.HTTPError as e:
             last = repr(e)
-        return False
+            return False
+        if resp.status_code != 200:
+            last = f"HTTP {resp.status_code}: {resp.text[:500]}"
+        return resp.status_code == 200
 
     what = f"{proc.name} ready at {url}"  # polled every 0.25 s: a real process that is starting
     wait_for(ready, what, START_DEADLINE_S, 0.25, detail=lambda: f"{last}\n{proc.tail()}")

@@ -11,9 +11,9 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
+import httpx
 import pytest
 from ports import free_port
 from waiting import wait_for
@@ -71,9 +71,8 @@ class MlflowServer:
             if proc.poll() is not None:
                 raise RuntimeError(f"mlflow server exited; see {self.root / 'server.log'}")
             try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
-                    return r.status == 200
-            except OSError:
+                return httpx.get(f"{self.uri}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
                 return False
 
         try:  # polled every 0.2 s: a starting server

@@ -17,8 +17,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
-import requests
 from dag_runs import AIRFLOW
 from dag_runs import airflow_env as airflow_env_for
 from dag_runs import run_dag as run_dag_test
@@ -353,8 +353,8 @@ def test_sync_pools_against_a_real_api_server(airflow_env: dict[str, str], tmp_p
     def up() -> bool:
         assert server.poll() is None, (tmp_path / "api.log").read_text()[-3000:]
         try:
-            return requests.get(f"{url}/api/v2/monitor/health", timeout=2).ok
-        except requests.ConnectionError:
+            return httpx.get(f"{url}/api/v2/monitor/health", timeout=2).is_success
+        except httpx.TransportError:
             return False
 
     try:
@@ -364,22 +364,22 @@ def test_sync_pools_against_a_real_api_server(airflow_env: dict[str, str], tmp_p
             "berth-research": "created",
             "berth-vision": "created",
         }
-        token = requests.post(
+        token = httpx.post(
             f"{url}/auth/token", json={"username": "admin", "password": "test-password"}
         ).json()["access_token"]
         head = {"Authorization": f"Bearer {token}"}
-        pool = requests.get(f"{url}/api/v2/pools/berth-vision", headers=head).json()
+        pool = httpx.get(f"{url}/api/v2/pools/berth-vision", headers=head).json()
         assert (pool["slots"], pool["include_deferred"]) == (8, False)
         # Someone shrank a pool by hand: the next sync puts it back, and leaves the rest.
-        shrunk = requests.patch(
+        shrunk = httpx.patch(
             f"{url}/api/v2/pools/berth-research",
             headers=head,
             json={"pool": "berth-research", "slots": 1, "include_deferred": False},
         )
-        assert shrunk.ok, shrunk.text
+        assert shrunk.is_success, shrunk.text
         again = sync_pools(url, "admin", "test-password", TEAMS, CLUSTER)
         assert again["berth-research"] == "updated" and again["berth-vision"] == "unchanged"
-        pool = requests.get(f"{url}/api/v2/pools/berth-research", headers=head).json()
+        pool = httpx.get(f"{url}/api/v2/pools/berth-research", headers=head).json()
         assert pool["slots"] == 2
 
         from berth.pools import PoolSyncError

@@ -330,7 +330,7 @@ def test_a_loop_whose_state_drifted_stops_with_the_difference(loop_url: str) -> 
 def test_the_loop_exports_its_cycles_and_leadership_to_prometheus(loop_url: str) -> None:
     """`berth scheduler --metrics-port`: each committed cycle's duration and decisions, and
     whether this process leads, scraped over HTTP as Prometheus would."""
-    import requests
+    import httpx
     from ports import free_port
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -341,7 +341,7 @@ def test_the_loop_exports_its_cycles_and_leadership_to_prometheus(loop_url: str)
     metrics.serve(port, addr="127.0.0.1")
 
     def scrape() -> dict[str, float]:
-        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         out = {}
         for family in text_string_to_metric_families(text):
             for s in family.samples:

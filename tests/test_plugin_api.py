@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-import requests
 from airflow._shared.module_loading.file_discovery import find_path_from_directory
 from airflow.api_fastapi.core_api.security import get_user
 from airflow_server import AirflowDeployment
@@ -539,7 +539,7 @@ def token(af: AirflowDeployment, user: str) -> str:
     password = wait_for(
         lambda: json.loads(passwords.read_text()).get(user), f"{user}'s password", 60
     )
-    r = requests.post(
+    r = httpx.post(
         f"{af.url}/auth/token", json={"username": user, "password": password}, timeout=30
     )
     r.raise_for_status()
@@ -560,34 +560,34 @@ def test_the_plugin_loads_in_airflow_behind_its_login(
     store = BerthSettings.from_env({"BERTH_HOME": str(home)}).store()
     store.submit(job_spec("from-dag", "vision", 1), job_id="from-dag", labels={"dag_id": "train"})
     queue = f"{af.url}{API}/queue"
-    assert requests.get(queue, timeout=30).status_code == 401
+    assert httpx.get(queue, timeout=30).status_code == 401
     bad = {"Authorization": "Bearer not-a-token"}
-    assert requests.get(queue, headers=bad, timeout=30).status_code == 403
+    assert httpx.get(queue, headers=bad, timeout=30).status_code == 403
 
     admin = {"Authorization": f"Bearer {token(af, 'admin')}"}
     viewer = {"Authorization": f"Bearer {token(af, 'viewer')}"}
     for who in (admin, viewer):
-        r = requests.get(queue, headers=who, timeout=30)
+        r = httpx.get(queue, headers=who, timeout=30)
         assert r.status_code == 200, af.log_tails()
         assert [j["id"] for j in r.json()["jobs"]] == ["from-dag"]
 
     cancel = f"{af.url}{API}/jobs/from-dag/cancel"
-    r = requests.post(cancel, headers=viewer, timeout=30)
+    r = httpx.post(cancel, headers=viewer, timeout=30)
     assert r.status_code == 403 and "DAG 'train'" in r.json()["detail"]
     assert store.status("from-dag").state == "queued"
-    r = requests.post(cancel, headers=admin, timeout=30)
+    r = httpx.post(cancel, headers=admin, timeout=30)
     assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
     assert store.status("from-dag").state == "cancelled"
     # Airflow lets the admin change every DAG's runs, but BERTH_ACCESS keeps research's jobs
     # to research's users.
     store.submit(job_spec("theirs", "research", 1), job_id="theirs", labels={"dag_id": "train"})
-    r = requests.post(f"{af.url}{API}/jobs/theirs/cancel", headers=admin, timeout=30)
+    r = httpx.post(f"{af.url}{API}/jobs/theirs/cancel", headers=admin, timeout=30)
     detail = r.json()["detail"]
     assert r.status_code == 403 and "user 'admin' may not cancel jobs of team 'research'" in detail
     assert "your teams: vision" in detail and "teams.research" in detail, detail
     assert store.status("theirs").state == "queued"
 
-    metrics = requests.get(f"{af.url}/berth/metrics", timeout=30)
+    metrics = httpx.get(f"{af.url}/berth/metrics", timeout=30)
     assert metrics.status_code == 200
     names = {f.name for f in text_string_to_metric_families(metrics.text)}
     assert {"berth_pending_jobs", "berth_finished_jobs", "berth_cluster_gpus"} <= names

@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
-import requests
 import yaml
 from airflow_server import AirflowDeployment
 from builders import job_spec
@@ -388,7 +389,7 @@ def test_the_job_page_cancels_and_shows_a_refusal(scene: Scene, browser: WebDriv
             f"{r.node} GPU {', '.join(map(str, r.gpus))}" in browser.find_element(By.ID, "job").text
         )
     airflow = browser.find_element(By.LINK_TEXT, f"task resnet.run of run {RUN_ID}")
-    run = requests.utils.quote(RUN_ID, safe="")
+    run = quote(RUN_ID, safe="")
     assert airflow.get_attribute("href") == (
         f"{scene.af.url}/dags/train_resnet/runs/{run}/tasks/resnet.run"
     )
@@ -401,7 +402,7 @@ def test_a_task_instance_opens_its_job(scene: Scene, browser: WebDriver) -> None
     href = next(v["href"] for v in berth_views(scene) if v["destination"] == "task_instance")
     ids = {"{DAG_ID}": "train_resnet", "{RUN_ID}": RUN_ID, "{TASK_ID}": "resnet.validate"}
     for k, v in ids.items():
-        href = href.replace(k, requests.utils.quote(v, safe=""))
+        href = href.replace(k, quote(v, safe=""))
     browser.get(scene.af.url + href)  # {MAP_INDEX} left in place: the task is not mapped
     until(browser, lambda: browser.current_url == page(scene, "jobs/resnet-gang"), "redirect")
     until(browser, lambda: "resnet-gang" in browser.find_element(By.ID, "job").text, "the job")
@@ -428,7 +429,10 @@ def test_the_pages_are_in_airflows_navigation(scene: Scene, browser: WebDriver) 
     }
     assert views["GPU queues"]["href"] == "/berth/ui/queues"
     for v in views.values():
-        assert requests.get(scene.af.url + v["icon"], timeout=30).status_code == 200
+        assert (
+            httpx.get(scene.af.url + v["icon"], timeout=30, follow_redirects=True).status_code
+            == 200
+        )
 
     # The nav entry opens the page inside Airflow's UI, whose cookie the page's fetches use.
     log_in(browser, scene, "viewer")
