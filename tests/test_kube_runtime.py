@@ -34,6 +34,7 @@ from berth.runtime.kubernetes import (
     discover_cluster,
 )
 from berth.runtime.kubernetes.pods import attempt_name, label_value, pod_manifest
+from berth.runtime.kubernetes.status import transient_pull
 from berth.spec import JobSpec
 from scheduling.cluster import Cluster
 from scheduling.jobs import Placement, ReplicaPlacement
@@ -328,6 +329,32 @@ def test_an_image_pull_error_fails_without_retry_and_says_the_fix(kube: KubeAPI)
     )
     assert "fix `image` in the job spec" in status.message and "not retried" in status.message
     assert all(p.metadata.deletion_timestamp for p in g.pods(launch).values())
+
+
+def test_a_pull_the_registry_refused_for_now_is_waited_for_then_requeued(kube: KubeAPI) -> None:
+    """A rate-limited pull is the registry's state, not a bad image: the kubelet retries it, so
+    the gang waits (within start_timeout_s) and then goes back to the queue without a retry."""
+    g = Gang(kube)
+    launch = g.launch(image="docker.io/org/train:1.0")
+    g.kubelet.sync()  # rank 1 starts; rank 0's pull is refused for now
+    limited = "429 Too Many Requests - toomanyrequests: You have reached your pull rate limit"
+    waiting = {"reason": "ErrImagePull", "message": f"failed to pull: {limited}"}
+    g.report(
+        f"{launch.service}-0",
+        {"phase": "Pending", "containerStatuses": [_container_status({"waiting": waiting})]},
+    )
+    assert g.runtime.poll(launch).state == "running"  # still starting: not failed
+    g.clock.now += 61
+    status = g.runtime.poll(launch)
+    assert (status.state, status.cause, status.disposition) == (
+        "failed",
+        "start_timeout",
+        "requeue",
+    )
+    assert "toomanyrequests" in status.message  # the kubelet's words, for on-call
+    assert transient_pull("ImagePullBackOff", "Back-off pulling image: 503 Service Unavailable")
+    assert not transient_pull("ErrImagePull", "manifest unknown")
+    assert not transient_pull("InvalidImageName", "rate limit")  # never a transient state
 
 
 def test_eviction_and_node_loss_requeue_without_a_retry(kube: KubeAPI) -> None:

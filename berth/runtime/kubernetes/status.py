@@ -8,6 +8,7 @@ Kubernetes says much more than an exit code, and the causes call for different a
 | `oom` | terminated with reason OOMKilled | exit | retry |
 | `time_limit` | pod reason DeadlineExceeded, or past the limit | time_limit | retry |
 | `image` | waiting ErrImagePull, ImagePullBackOff, InvalidImageName | exit | fail (fix the spec) |
+| (waits) | a pull refused for now (rate limit, 5xx, timeout) | - | then `start_timeout` |
 | `config` | CreateContainerConfigError, CreateContainerError, StartError | exit | fail |
 | `evicted` | pod reason Evicted, or an eviction's DisruptionTarget | lost | requeue |
 | `preempted` | DisruptionTarget PreemptionByScheduler | lost | requeue |
@@ -55,6 +56,31 @@ IMAGE_ERRORS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 )
 CONFIG_ERRORS = frozenset({"CreateContainerConfigError", "CreateContainerError", "StartError"})
+# A pull that a busy or briefly absent registry refused (rate limits, 5xx, timeouts) is retried
+# by the kubelet on its own: it is waited for, within start_timeout_s (then requeued without a
+# retry), not failed as a bad image. The patterns are those of the cncf-kubernetes provider's
+# `detect_pod_terminate_early_issues` (10.25), which this module cannot import (decision 0019).
+TRANSIENT_PULLS = frozenset({"ErrImagePull", "ImagePullBackOff"})
+TRANSIENT_PULL_WORDS = (
+    "pull qps exceeded",
+    "rate limit",
+    "too many requests",
+    "quota exceeded",
+    "temporarily unavailable",
+    "timeout",
+    "account limit",
+    "bad gateway",
+    "service unavailable",
+    "gateway timeout",
+)
+
+
+def transient_pull(reason: str | None, message: str | None) -> bool:
+    """True for an image pull that failed for now and that the kubelet will retry."""
+    text = (message or "").lower()
+    return reason in TRANSIENT_PULLS and any(word in text for word in TRANSIENT_PULL_WORDS)
+
+
 _DISRUPTIONS: dict[str, Cause] = {
     "PreemptionByScheduler": "preempted",
     "EvictionByEvictionAPI": "evicted",
@@ -173,7 +199,7 @@ def pod_failure(
     waiting = container and container.state and container.state.waiting
     if phase == "Pending" and waiting is not None:
         why = f"{waiting.reason}: {waiting.message or '-'}"
-        if waiting.reason in IMAGE_ERRORS:
+        if waiting.reason in IMAGE_ERRORS and not transient_pull(waiting.reason, waiting.message):
             return Failure(
                 rep.rank,
                 rep.node_name,
@@ -303,6 +329,8 @@ def start_timeout(launch: KubeLaunch, pods: Mapping[int, Any]) -> Failure:
             container, _ = _container(pod) if pod is not None else (None, None)
             why = container and container.state and container.state.waiting
             told = f"rank {rep.rank} on {rep.node_name}: {why.reason if why else 'Pending'}"
+            if why and why.message:  # e.g. the registry's refusal of a pull, for on-call
+                told += f" ({why.message[:200]})"
             if rep.claim is not None and why is None:  # the kubelet prepares claims first
                 told += (
                     f" (its GPUs are ResourceClaim {launch.namespace}/{rep.claim}: check that "
