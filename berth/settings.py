@@ -18,7 +18,9 @@ and nothing secret is written into a DAG or a trigger's serialized kwargs:
 - `BERTH_POLICY_FILE`: the scheduling policy, a policy.yaml (scheduling/policy_file.py; the
   same file `berth simulate --policy-file` reads); unset: the `berth` policy.
 - `BERTH_RUNTIME`: `local` (the embedded default) or `kubernetes` (pods in each team's
-  namespace; the API server from `KUBECONFIG`, else the in-cluster service account).
+  namespace; the API server from the Airflow connection `BERTH_KUBE_CONN_ID` in Airflow's
+  processes, else `KUBECONFIG`, else the in-cluster service account:
+  berth/runtime/kubernetes/connect.py).
 - `BERTH_KUBE_SETTINGS` (Kubernetes only): a YAML of how pods look (namespaces, tolerations,
   the data volume, DRA), which node labels give the topology and which nodes are Berth's
   (berth/runtime/kubernetes/config.py); unset: the defaults.
