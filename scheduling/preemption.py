@@ -15,8 +15,9 @@ preempted that the preemptor does not need gone.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 
 from scheduling.capacity import Capacity
 from scheduling.jobs import Job, Placement, Running
@@ -104,10 +105,10 @@ def plan_preemption(
         return _plan_on_index(
             index, cap, quota, job, place, pool.now if pool.checkpoint_aware else None
         )
-    candidates = _candidates(pool, job.team, below, floors, guarded, excluded)
+    candidates = _candidates(pool, job.team, below, floors, guarded, excluded, max_candidates)
     if not candidates:
         return None
-    return _plan_greedy(candidates[:max_candidates], cap, quota, job, place)
+    return _plan_greedy(candidates, cap, quota, job, place)
 
 
 _NO_FLOOR = 1 << 62  # a team that admitted nothing in the cycle spares none of its jobs
@@ -120,24 +121,42 @@ def _candidates(
     floors: tuple[tuple[str, int], ...],
     guarded: bool,
     excluded: set[str],
+    limit: int | None = None,
 ) -> list[Running]:
     """The victims a job of `team` may take, in loss order: its team's jobs of a priority
     below `below` (a prefix of the loss order), then each lender's reclaimable jobs of a
-    priority no higher than its floor; none of `excluded`."""
-    candidates = pool.below(team, below)
+    priority no higher than its floor; none of `excluded`. `limit`: only the first so many."""
+    own: Iterable[Running] = pool.below(team, below)
     if excluded:
-        candidates = [r for r in candidates if r.job.id not in excluded]
-    sources = 1 if candidates else 0
+        own = (r for r in own if r.job.id not in excluded)
+    sources = [own]
     for lender, floor in floors:
-        before = len(candidates)
-        runs = pool.reclaimable(lender, guarded)
+        runs: Iterable[Running] = pool.reclaimable(lender, guarded)
         if excluded or floor != _NO_FLOOR:
-            runs = (r for r in runs if r.job.id not in excluded and r.job.priority <= floor)
+            runs = _allowed_of(runs, excluded, floor)
+        sources.append(runs)
+    if limit is not None:
+        # Each source is in loss order already: merging them (ties to the earlier source, as
+        # a stable sort of them one after another) gives the first `limit` without listing
+        # and sorting every victim of every lender (thousands, for a gang's 64 candidates).
+        merged = sources[0] if len(sources) == 1 else heapq.merge(*sources, key=pool.loss_key)
+        return list(islice(merged, limit))
+    candidates = list(own)
+    ordered = True
+    for runs in sources[1:]:
+        before = len(candidates)
         candidates.extend(runs)
-        sources += len(candidates) > before
-    if sources > 1:  # each team's list is in loss order already
+        if before and len(candidates) > before:
+            ordered = False
+    if not ordered:  # each team's list is in loss order already
         candidates.sort(key=pool.loss_key)
     return candidates
+
+
+def _allowed_of(runs: Iterable[Running], excluded: set[str], floor: int) -> Iterator[Running]:
+    """`runs` not excluded, of a priority up to `floor`. A function, not a generator expression
+    in the caller's loop: the sources are read after the loop, when its `floor` has moved on."""
+    return (r for r in runs if r.job.id not in excluded and r.job.priority <= floor)
 
 
 def _plan_on_one_node(

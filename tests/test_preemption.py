@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from builders import World, admitted, cluster, job, policy, teams
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduling.jobs import Placement, ReplicaPlacement, Running
+from scheduling.preemption import _candidates
+from scheduling.victims import BY_LOSS
 
 POL = policy("berth", min_runtime_s=100, preemption_delay_s=50)
 
@@ -177,10 +183,70 @@ def test_a_checkpoint_aware_policy_preempts_the_job_that_loses_least_now():
 
 
 def test_unsaved_work_counts_from_the_last_checkpoint():
-    from scheduling.jobs import Placement, ReplicaPlacement, Running
-
     placement = Placement((ReplicaPlacement(0, (0,)),), "gpu_group")
     saves = Running(job("s", checkpoint_s=300.0), placement, start_time=100.0)
     never = Running(job("n"), placement, start_time=100.0)
     assert saves.unsaved_s(1000.0) == 0.0 and saves.unsaved_s(1299.0) == 299.0
     assert never.unsaved_s(1000.0) == 900.0
+
+
+class _Pool:
+    """The part of a VictimPool that `_candidates` reads: each team's victims in loss order."""
+
+    def __init__(self, runs: list[Running]) -> None:
+        self.loss_key = BY_LOSS
+        self.by_team: dict[str, list[Running]] = {}
+        for r in sorted(runs, key=BY_LOSS):
+            self.by_team.setdefault(r.job.team, []).append(r)
+
+    def below(self, team: str, priority: int) -> list[Running]:
+        return [r for r in self.by_team.get(team, []) if r.job.priority < priority]
+
+    def reclaimable(self, team: str, guarded: bool) -> list[Running]:
+        return self.by_team.get(team, [])
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abc"), st.integers(0, 4), st.integers(0, 50)),
+        max_size=40,
+    ),
+    st.integers(0, 4),
+    st.integers(0, 4),
+    st.integers(1, 20),
+    st.sets(st.integers(0, 39), max_size=5),
+)
+def test_candidates_are_the_allowed_victims_in_loss_order(
+    drawn: list[tuple[str, int, int]],
+    floor_b: int,
+    floor_c: int,
+    limit: int,
+    gone: set[int],
+) -> None:
+    """Each lender's own floor (a generator reading a loop variable late once gave every
+    lender the last floor), what was preempted left out, the first `limit` of the same order."""
+    placement = Placement((ReplicaPlacement(0, (0,)),), "node")
+    runs = [
+        Running(job(f"j{i}", team=t, priority=p), placement, start_time=float(s))
+        for i, (t, p, s) in enumerate(drawn)
+    ]
+    excluded = {f"j{i}" for i in gone}
+    floors = (("b", floor_b), ("c", floor_c))
+    expected = sorted(
+        (
+            r
+            for r in runs
+            if r.job.id not in excluded
+            and (
+                (r.job.team == "a" and r.job.priority < 3)
+                or (r.job.team == "b" and r.job.priority <= floor_b)
+                or (r.job.team == "c" and r.job.priority <= floor_c)
+            )
+        ),
+        key=BY_LOSS,
+    )
+    pool = _Pool(runs)
+    got = _candidates(pool, "a", 3, floors, True, excluded)  # type: ignore[arg-type]
+    assert got == expected
+    limited = _candidates(pool, "a", 3, floors, True, excluded, limit)  # type: ignore[arg-type]
+    assert limited == expected[:limit]
