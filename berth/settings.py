@@ -346,8 +346,14 @@ def _runtime(s: BerthSettings) -> Runtime:
     if s.runtime_kind == "kubernetes":  # the kubernetes client loads only then
         from berth.runtime.kubernetes import KubernetesRuntime
         from berth.runtime.kubernetes.connect import api_client
+        from berth.runtime.kubernetes.watch import ClusterWatch
 
-        return KubernetesRuntime(api_client(), s.kube_config().pods)
+        api, kube = api_client(), s.kube_config()
+        watch = None
+        if kube.watch:  # one per process (this function is cached), started now, read at once
+            watch = ClusterWatch(api)
+            watch.start()
+        return KubernetesRuntime(api, kube.pods, watch=watch)
     from berth.runtime import LocalRuntime
 
     return LocalRuntime(s.runs_dir)

@@ -277,7 +277,7 @@ class CompletionTrigger(BaseTrigger):
                 await asyncio.to_thread(runtime.stop, launch)
                 yield self._event("cancelled", outcome="cancelled", message=st.message or "")
                 return
-            await asyncio.sleep(self.poll_s)
+            await _until_change(runtime, launch, self.poll_s)
 
     async def _end(self, store: Any, outcome: str, **details: Any) -> str:
         """End the attempt in the store (its GPUs are free for the next cycle) and wake this
@@ -322,3 +322,13 @@ class CompletionTrigger(BaseTrigger):
         await asyncio.to_thread(runtime.stop, runtime.launch_from_dict(self.launch))
         with contextlib.suppress(UnknownJobError):
             await asyncio.to_thread(s.store().cancel, self.job_id, message="task killed by a user")
+
+
+async def _until_change(runtime: Any, launch: Any, timeout_s: float) -> None:
+    """Wait up to `timeout_s`, less when the runtime can tell that the gang changed (the
+    Kubernetes runtime's watch: a replica's end wakes its trigger at once)."""
+    changed = getattr(runtime, "changed", None)
+    if changed is None:
+        await asyncio.sleep(timeout_s)
+    else:
+        await changed(launch, timeout_s)

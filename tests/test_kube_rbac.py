@@ -2,8 +2,9 @@
 the runtime, with a token of its ServiceAccount, discovers the cluster, launches (exact GPUs
 through ResourceClaims that it allocates itself on a node whose GPUs a DRA driver publishes,
 per-node requests on the other), polls, reads logs (as far as a server without a kubelet
-allows), stops, reattaches, cleans up, stages data with a staging pod and mounts the team's
-data volume; and it is refused what it has no business doing."""
+allows), watches its pods, Services and the nodes, stops, reattaches, cleans up, stages data
+with a staging pod and mounts the team's data volume; and it is refused what it has no
+business doing."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubernetes import client
 from test_kube_runtime import RBAC_YAML, Gang, ensure_priority_class
 from test_kube_volumes import create_data_claim
+from waiting import wait_for
 
 from berth.runtime.base import LaunchError
 from berth.runtime.kubernetes import LogsUnavailable
+from berth.runtime.kubernetes.watch import ClusterWatch
 
 
 def apply_rbac(kube: KubeAPI, team_namespace: str) -> str:
@@ -85,8 +88,24 @@ def test_the_shipped_rbac_lets_the_runtime_work_and_nothing_more(kube_api: KubeA
         g.runtime.logs(launch)
     assert "forbidden" not in str(err.value).lower()
     assert g.runtime.reattach(launch.job_id, launch.attempt) == launch  # pods, cluster-wide
-    g.runtime.stop(launch)
-    g.kubelet.sync()
+    watch = ClusterWatch(token_client, timeout_s=5, stale_s=20)  # what polls read
+    watch.start()
+    informers = lambda: [watch.pods, watch.nodes, watch.services(g.ns)]  # noqa: E731
+    errors = lambda: "; ".join(f"{i.name}: {i.last_error}" for i in informers())  # noqa: E731
+    try:
+        assert watch.wait_synced(30), errors()
+        wait_for(watch.services(g.ns).fresh, "the team's Services watched", detail=errors)
+        g.runtime.stop(launch)
+        g.kubelet.sync()
+        gone = [(g.ns, launch.service), *((g.ns, r.pod) for r in launch.replicas)]
+        wait_for(
+            lambda: not any(watch.pods.get(*k) or watch.services(g.ns).get(*k) for k in gone),
+            "the watch to see the attempt deleted",
+            detail=errors,
+        )
+        assert [(i.lists, i.last_error) for i in informers()] == [(1, None)] * 3  # never broke
+    finally:
+        watch.stop()
     assert g.runtime.poll(launch).state == "stopped" and g.pods(launch) == {}
     resource = client.ResourceV1Api(token_client)
     claim = resource.list_namespaced_resource_claim(g.ns).items[0]

@@ -13,6 +13,7 @@ topology:                  # labels.TopologyLabels
   rack: topology.kubernetes.io/zone
 node_selector: berth.io/pool=training
 discovery_ttl_s: 10
+watch: true                # polls read a list-and-watch of pods, Services, nodes (watch.py)
 ```
 """
 
@@ -36,6 +37,9 @@ class KubeConfig(BaseModel):
     topology: TopologyLabels = Field(default_factory=TopologyLabels)
     node_selector: str | None = None  # a label selector: only these nodes are Berth's
     discovery_ttl_s: float = Field(10.0, ge=0)  # how long one read of the nodes is reused
+    # One list-and-watch per process of Berth's pods and Services and the nodes, which polls
+    # read (watch.py, decision 0020); false: every poll asks the API server.
+    watch: bool = True
 
     @model_validator(mode="after")
     def _one_gpu_resource(self) -> KubeConfig:

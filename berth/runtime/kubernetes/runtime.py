@@ -19,6 +19,7 @@ with a staging pod (`staging.py`, docs/decisions/0008).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -35,12 +36,22 @@ from berth.runtime.kubernetes.claims import AttemptClaims
 from berth.runtime.kubernetes.inventory import BERTH, MANAGED_BY
 from berth.runtime.kubernetes.pod_logs import LogsUnavailable as LogsUnavailable
 from berth.runtime.kubernetes.pod_logs import gang_lines
-from berth.runtime.kubernetes.pods import FAILURE, JOB_ID, LAUNCH, STOPPED, KubeLaunch
+from berth.runtime.kubernetes.pods import (
+    ATTEMPT,
+    FAILURE,
+    JOB,
+    JOB_ID,
+    LAUNCH,
+    STOPPED,
+    KubeLaunch,
+    label_value,
+)
 from berth.runtime.kubernetes.reads import read_or_none
 from berth.runtime.kubernetes.staging import Stager
 from berth.runtime.kubernetes.status import KubeGangStatus, api_problem, failure_record
 from berth.runtime.kubernetes.training import shm_mib
 from berth.runtime.kubernetes.volumes import replica_input_env
+from berth.runtime.kubernetes.watch import AttemptKey, ClusterWatch
 from berth.spec import JobSpec
 from berth.spec_fields import env_key, secret_ref
 from berth.staging import StagedInputs
@@ -59,10 +70,15 @@ class KubernetesRuntime:
         settings: manifests.KubeSettings | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        watch: ClusterWatch | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.settings = settings or manifests.KubeSettings()
         self.clock = clock  # wall clock, as Launch.launched_at
+        # The process's list-and-watch of pods, Services and nodes (watch.py): `poll` reads
+        # "still running" from it, the API server for anything else; None reads the API always.
+        self.watch = watch
+        self._seen: dict[AttemptKey, int] = {}  # the watch's generation each cached poll read
         self.claims = AttemptClaims(api, self.settings.dra)
         self.stager = Stager(self.core, self.settings)
 
@@ -232,8 +248,16 @@ class KubernetesRuntime:
     def poll(self, launch: Launch) -> KubeGangStatus:
         """The gang now. On its first failure (or a start timeout, or the time limit) the
         failure is written on the Service and every replica still running is deleted with the
-        grace period before this returns."""
+        grace period before this returns.
+
+        With a fresh watch, a gang whose objects there say it is running is answered from
+        memory; every other answer is read from the API server, so the watch can delay an
+        attempt's end (by its lag) but never decide it."""
         launch = _kube(launch)
+        running = self._poll_watched(launch)
+        if running is not None:
+            return running
+        self._seen.pop(_attempt_key(launch), None)
         owner, by_rank = self._service(launch), self._pods(launch)
         common = {"started_at": launch.launched_at, "time_limit_s": launch.time_limit_s}
         notes = (owner and owner.metadata.annotations) or {}
@@ -259,10 +283,59 @@ class KubernetesRuntime:
         done = all(s.state == "exited" and s.exit_code == 0 for s in replicas)
         return KubeGangStatus(state="succeeded" if done else "running", replicas=replicas, **common)
 
+    def _poll_watched(self, launch: KubeLaunch) -> KubeGangStatus | None:
+        """The gang's "running" status from the watch, or None when the watch is stale or
+        tells anything else (a missing object, a failure, a deadline, success)."""
+        w = self.watch
+        if w is None or not w.fresh():
+            return None
+        key = _attempt_key(launch)
+        seen = w.generation(key)  # read first: a change after it wakes `changed`
+        services = w.services(launch.namespace)
+        if not services.fresh():
+            return None  # its namespace's watch is starting, or broke
+        owner = services.get(launch.namespace, launch.service)
+        notes = (owner and owner.metadata.annotations) or {}
+        if (
+            owner is None
+            or STOPPED in notes
+            or FAILURE in notes
+            or notes.get(JOB_ID) != launch.job_id
+        ):
+            return None
+        by_rank = {}
+        for rep in launch.replicas:
+            pod = w.pods.get(launch.namespace, rep.pod)
+            if pod is None or _attempt_key(launch) != _labelled(pod):
+                return None
+            by_rank[rep.rank] = pod
+        alive = {r.node_name: w.nodes.get("", r.node_name) is not None for r in launch.replicas}
+        if not all(alive.values()) or fate.gang_failures(launch, by_rank, alive, self.clock()):
+            return None
+        replicas = _statuses(launch, by_rank, ending=False)
+        if all(s.state == "exited" and s.exit_code == 0 for s in replicas):
+            return None  # success too is read from the API server
+        self._seen[key] = seen
+        common = {"started_at": launch.launched_at, "time_limit_s": launch.time_limit_s}
+        return KubeGangStatus(state="running", replicas=replicas, **common)
+
+    async def changed(self, launch: Launch, timeout_s: float) -> None:
+        """Return when one of the attempt's objects has changed since the last `poll` read
+        it from the watch, or after `timeout_s` (at once if it changed already). Without a
+        fresh watch, or after a poll that read the API server: after `timeout_s`."""
+        launch = _kube(launch)
+        key = _attempt_key(launch)
+        since = self._seen.pop(key, None)
+        if self.watch is None or since is None or not self.watch.fresh():
+            await asyncio.sleep(timeout_s)
+            return
+        await self.watch.changed(key, since, timeout_s)
+
     def stop(self, launch: Launch, grace_s: float | None = None) -> None:
         """Delete the attempt's pods with a grace period (SIGTERM, then SIGKILL after
         `grace_s`, default the settings': time to checkpoint), then its Service. Idempotent."""
         launch = _kube(launch)
+        self._seen.pop(_attempt_key(launch), None)
         grace = self.settings.grace_s if grace_s is None else grace_s
         body = {"metadata": {"annotations": {STOPPED: str(self.clock())}}}
         try:
@@ -278,7 +351,7 @@ class KubernetesRuntime:
         """Complete new lines of every started rank's log since `cursor`, as `[rank i] line`;
         raises LogsUnavailable when the API server cannot read one (`pod_logs.py`)."""
         launch = _kube(launch)
-        return gang_lines(self.core, launch, self._pods(launch), cursor)
+        return gang_lines(self.core, launch, self._pods_watched(launch), cursor)
 
     def reattach(self, job_id: str, attempt: int, *, team: str | None = None) -> KubeLaunch | None:
         """The handle of a launched attempt from its Service's record; None if none. Without
@@ -361,6 +434,16 @@ class KubernetesRuntime:
         names = {r.pod: r.rank for r in launch.replicas}
         return {names[p.metadata.name]: p for p in found.items if p.metadata.name in names}
 
+    def _pods_watched(self, launch: KubeLaunch) -> dict[int, Any]:
+        """`_pods` from a fresh watch when it holds every replica, else from the API server."""
+        w = self.watch
+        if w is not None and w.fresh():
+            key = _attempt_key(launch)
+            found = {r.rank: w.pods.get(launch.namespace, r.pod) for r in launch.replicas}
+            if all(p is not None and _labelled(p) == key for p in found.values()):
+                return found
+        return self._pods(launch)
+
     def _nodes_alive(self, launch: KubeLaunch, by_rank: Mapping[int, Any]) -> dict[str, bool]:
         """Whether each node of the gang still exists (asked only where a pod may need it)."""
         alive = {r.node_name: True for r in launch.replicas}
@@ -424,6 +507,16 @@ class KubernetesRuntime:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+
+def _attempt_key(launch: KubeLaunch) -> AttemptKey:
+    """The attempt's objects' key in the watch (watch.attempt_of): namespace and labels."""
+    return launch.namespace, label_value(launch.job_id), str(launch.attempt)
+
+
+def _labelled(pod: Any) -> AttemptKey:
+    labels = pod.metadata.labels or {}
+    return pod.metadata.namespace or "", labels.get(JOB, ""), labels.get(ATTEMPT, "")
 
 
 def _kube(launch: Launch) -> KubeLaunch:

@@ -1,0 +1,211 @@
+"""The list-and-watch that polls read (berth/runtime/kubernetes/watch.py), against the real
+kube-apiserver: it follows Berth's pods, Services and the nodes; a runtime with it tells every
+gang's story as one without it does; a stale or wrong entry in it never ends a gang; a trigger
+waiting on a gang wakes when the gang changes; a broken watch lists again."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import urllib3
+from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
+from test_kube_runtime import Gang, ensure_priority_class
+from waiting import wait_for
+
+from berth.runtime.kubernetes import KubernetesRuntime
+from berth.runtime.kubernetes.pods import KubeLaunch
+from berth.runtime.kubernetes.watch import ClusterWatch, Informer
+
+
+@pytest.fixture
+def watched(kube_api: KubeAPI) -> Iterator[tuple[Gang, KubernetesRuntime]]:  # noqa: F811
+    """A Gang whose runtime reads the API server, and a second runtime over the same cluster
+    (same clock and settings) that reads a started, synced watch."""
+    ensure_priority_class(kube_api.admin)
+    g = Gang(kube_api)
+    w = ClusterWatch(kube_api.admin, timeout_s=5, stale_s=20)
+    w.start()
+    assert w.wait_synced(30), "the watch never listed pods and nodes"
+    yield g, KubernetesRuntime(kube_api.admin, g.settings, clock=g.clock, watch=w)
+    w.stop()
+
+
+def cached(runtime: KubernetesRuntime, launch: KubeLaunch) -> bool:
+    """True once the watch holds the attempt's Service and every pod as the API server has
+    them (same resourceVersion), so that a poll can be answered from it."""
+    w = runtime.watch
+    assert w is not None
+    core = runtime.core
+    services = w.services(launch.namespace)
+    svc = core.read_namespaced_service(launch.service, launch.namespace)
+    mine = services.get(launch.namespace, launch.service)
+    if mine is None or mine.metadata.resource_version != svc.metadata.resource_version:
+        return False
+    for rep in launch.replicas:
+        pod = core.read_namespaced_pod(rep.pod, launch.namespace)
+        seen = w.pods.get(launch.namespace, rep.pod)
+        if seen is None or seen.metadata.resource_version != pod.metadata.resource_version:
+            return False
+    return True
+
+
+class Counting:
+    """Counts the API calls a runtime's CoreV1Api makes (by method name)."""
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._core, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def test_a_watched_poll_tells_what_the_api_server_tells_through_a_gangs_life(watched) -> None:
+    g, fast = watched
+    launch = g.launch()
+    wait_for(lambda: cached(fast, launch), "the watch to see the new attempt")
+    assert fast.poll(launch) == g.runtime.poll(launch)  # both pods Pending
+    g.kubelet.sync()  # Running
+    wait_for(lambda: cached(fast, launch), "the watch to see the pods run")
+    counting = Counting(fast.core)
+    fast.core = counting  # type: ignore[assignment]
+    running = fast.poll(launch)
+    assert running == g.runtime.poll(launch) and running.state == "running"
+    assert counting.calls == []  # read from memory: no request at all
+    g.terminate(launch.replicas[1].pod, 3)  # rank 1 fails
+    wait_for(lambda: cached(fast, launch), "the watch to see rank 1 fail")
+    failed = fast.poll(launch)  # the end is read from the API server, and acted on
+    assert failed.state == "failed" and failed.failed_rank == 1 and failed.exit_code == 3
+    assert "list_namespaced_pod" in counting.calls
+    assert g.runtime.poll(launch) == failed  # the failure written on the Service stands
+
+
+def test_success_is_read_from_the_api_server_and_equal(watched) -> None:
+    g, fast = watched
+    launch = g.launch()
+    g.kubelet.sync()
+    for rep in launch.replicas:
+        g.kubelet.finish(g.ns, rep.pod, 0)
+    wait_for(lambda: cached(fast, launch), "the watch to see both ranks end")
+    done = fast.poll(launch)
+    assert done.state == "succeeded" and done == g.runtime.poll(launch)
+
+
+def test_a_stale_entry_never_ends_a_gang(watched) -> None:
+    """The watch still holds both pods Pending while the API server has them Running, past the
+    start timeout: the cached answer would be a start timeout, so the runtime reads the API
+    server, which says running; nothing is torn down."""
+    g, fast = watched
+    launch = g.launch()
+    wait_for(lambda: cached(fast, launch), "the watch to see the new attempt")
+    assert fast.watch is not None
+    pending = {r.pod: copy.deepcopy(fast.watch.pods.get(g.ns, r.pod)) for r in launch.replicas}
+    fast.watch.pods.stop(join_s=10)  # no more events: what it holds stays as it is
+    g.kubelet.sync()  # Running, which the stopped watch does not see
+    with fast.watch.pods._lock:  # as if the events were late: the Pending versions
+        for name, pod in pending.items():
+            fast.watch.pods._objects[(g.ns, name)] = pod
+    g.clock.now += g.settings.start_timeout_s + 1
+    status = fast.poll(launch)
+    assert status.state == "running", status.message
+    assert all(p.status.phase == "Running" for p in g.pods(launch).values())
+
+
+def test_a_missing_object_in_the_watch_is_read_from_the_api_server(watched) -> None:
+    g, fast = watched
+    launch = g.launch()
+    g.kubelet.sync()
+    wait_for(lambda: cached(fast, launch), "the watch to see the pods run")
+    assert fast.watch is not None
+    with fast.watch.pods._lock:
+        del fast.watch.pods._objects[(g.ns, launch.replicas[0].pod)]
+    counting = Counting(fast.core)
+    fast.core = counting  # type: ignore[assignment]
+    assert fast.poll(launch).state == "running"  # not "deleted": the API server has the pod
+    assert "list_namespaced_pod" in counting.calls
+
+
+def test_a_stale_watch_is_not_read() -> None:
+    now = [0.0]
+    informer = Informer("x", lambda **_: None, timeout_s=5, stale_s=20, clock=lambda: now[0])
+    assert not informer.fresh()  # never listed
+    informer._listed, informer._contact = True, 0.0
+    now[0] = 20.0
+    assert informer.fresh()
+    now[0] = 20.5
+    assert not informer.fresh()  # no word from the API server for longer than stale_s
+    with pytest.raises(ValueError, match="timeout_s"):
+        Informer("x", lambda **_: None, timeout_s=30, stale_s=20)
+
+
+def test_a_waiting_trigger_wakes_when_its_gang_changes(watched) -> None:
+    g, fast = watched
+    launch = g.launch()
+    g.kubelet.sync()
+    wait_for(lambda: cached(fast, launch), "the watch to see the pods run")
+
+    async def scenario() -> tuple[float, float]:
+        assert fast.poll(launch).state == "running"  # from the watch: it records what it read
+        started = time.monotonic()
+        await fast.changed(launch, 0.5)  # nothing changes: the whole timeout
+        quiet = time.monotonic() - started
+        assert fast.poll(launch).state == "running"
+        waiting = asyncio.ensure_future(fast.changed(launch, 60))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        started = time.monotonic()
+        await asyncio.to_thread(g.kubelet.finish, g.ns, launch.replicas[0].pod, 0)
+        await waiting
+        return quiet, time.monotonic() - started
+
+    quiet, woken = asyncio.run(scenario())
+    assert quiet >= 0.45
+    assert woken < 20, f"woken after {woken:.1f} s: the change did not wake it"
+
+
+def test_a_broken_watch_lists_again_and_catches_up(kube_api: KubeAPI) -> None:  # noqa: F811
+    ensure_priority_class(kube_api.admin)
+    g = Gang(kube_api)
+    core = kube_api.core
+    calls: list[bool] = []
+
+    def flaky(**kwargs: Any) -> Any:
+        calls.append(bool(kwargs.get("watch")))
+        if kwargs.get("watch") and calls.count(True) == 1:
+            raise urllib3.exceptions.ProtocolError("connection reset by peer")
+        return core.list_namespaced_pod(g.ns, **kwargs)
+
+    flaky.__doc__ = core.list_namespaced_pod.__doc__  # the client's Watch reads the type here
+    informer = Informer("flaky", flaky, timeout_s=5, stale_s=20, max_pause_s=0.5)
+    informer.start()
+    try:
+        launch = g.launch()
+        wait_for(lambda: informer.lists >= 2, "the watch to list again after the failure")
+        assert "ProtocolError" in (informer.last_error or "")
+        names = {r.pod for r in launch.replicas}
+        wait_for(
+            lambda: all(informer.get(g.ns, n) is not None for n in names),
+            "the relisted watch to hold the pods created while it was broken",
+        )
+        g.runtime.stop(launch)
+        g.kubelet.sync()  # the stand-in kubelet ends the deleted pods
+        wait_for(
+            lambda: all(informer.get(g.ns, n) is None for n in names),
+            "the watch to see the pods deleted",
+        )
+        assert informer.fresh()
+    finally:
+        informer.stop(join_s=10)
