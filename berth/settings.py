@@ -349,10 +349,9 @@ def _runtime(s: BerthSettings) -> Runtime:
         from berth.runtime.kubernetes.watch import ClusterWatch
 
         api, kube = api_client(), s.kube_config()
-        watch = None
-        if kube.watch:  # one per process (this function is cached), started now, read at once
-            watch = ClusterWatch(api)
-            watch.start()
+        # One per process (this function is cached), started by the first trigger that waits
+        # on a gang (`KubernetesRuntime.changed`): a worker's short task lists nothing.
+        watch = ClusterWatch(api) if kube.watch else None
         return KubernetesRuntime(api, kube.pods, watch=watch)
     from berth.runtime import LocalRuntime
 

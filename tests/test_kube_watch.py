@@ -209,3 +209,21 @@ def test_a_broken_watch_lists_again_and_catches_up(kube_api: KubeAPI) -> None:  
         assert informer.fresh()
     finally:
         informer.stop(join_s=10)
+
+
+def test_the_first_waiter_starts_the_watch(kube_api: KubeAPI) -> None:  # noqa: F811
+    """A process that only launches and polls (a worker's task) never starts the watch; the
+    first trigger that waits on a gang does."""
+    ensure_priority_class(kube_api.admin)
+    g = Gang(kube_api)
+    w = ClusterWatch(kube_api.admin, timeout_s=5, stale_s=20)
+    runtime = KubernetesRuntime(kube_api.admin, g.settings, clock=g.clock, watch=w)
+    try:
+        launch = g.launch()
+        assert runtime.poll(launch).state == "running"  # from the API server
+        assert not w.started and len(w.pods) == 0
+        asyncio.run(runtime.changed(launch, 0.1))
+        assert w.started and w.wait_synced(30)
+        wait_for(lambda: w.pods.get(g.ns, launch.replicas[0].pod), "the watch to hold the pod")
+    finally:
+        w.stop()

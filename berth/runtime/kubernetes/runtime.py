@@ -322,10 +322,15 @@ class KubernetesRuntime:
     async def changed(self, launch: Launch, timeout_s: float) -> None:
         """Return when one of the attempt's objects has changed since the last `poll` read
         it from the watch, or after `timeout_s` (at once if it changed already). Without a
-        fresh watch, or after a poll that read the API server: after `timeout_s`."""
+        fresh watch, or after a poll that read the API server: after `timeout_s`. Starts the
+        watch if it is not yet."""
         launch = _kube(launch)
         key = _attempt_key(launch)
         since = self._seen.pop(key, None)
+        if self.watch is not None and not self.watch.started:
+            # The first waiter starts the process's watch: a process that only launches (a
+            # worker's task) never lists every pod and node of the cluster for nothing.
+            self.watch.start()
         if self.watch is None or since is None or not self.watch.fresh():
             await asyncio.sleep(timeout_s)
             return

@@ -135,6 +135,8 @@ class Informer:
                     continue  # expected now and then: list again at once
                 self._failed(f"{e.status} {e.reason}")
             except Exception as e:  # a connection refused, reset or timed out
+                if self._stopping.is_set():
+                    return  # stopped, and the server went first: nothing to tell
                 self._failed(f"{type(e).__name__}: {e}")
             if self._stopping.wait(pause):
                 return
@@ -228,8 +230,16 @@ class ClusterWatch:
         )
         self._services: dict[str, Informer] = {}
 
+    @property
+    def started(self) -> bool:
+        return self._started
+
     def start(self) -> None:
-        self._started = True
+        """Start the pods' and nodes' informers (again: nothing)."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
         self.pods.start()
         self.nodes.start()
 
