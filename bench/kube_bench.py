@@ -5,7 +5,10 @@ starts it, scripts/build-kube.sh builds it once) and 1,000 jobs from 5 teams go 
 SQL store's cycles and the runtime: every admitted gang becomes a Service and one pod per
 replica pinned to its node; a stand-in kubelet (tests/kubelet_standin.py) runs each pod and
 ends it with exit 0; the runtime's poll sees the gang succeed and the store frees its GPUs.
-The loop runs until every job has finished.
+The loop runs until every job has finished. Launches, polls and teardowns of one round run on
+`--workers` threads, as a triggerer runs many launch and completion triggers at once; with
+`--watch on` (the default, as in Airflow's processes) polls read the runtime's list-and-watch
+(berth/runtime/kubernetes/watch.py, decision 0020), with `off` each asks the API server.
 
 Reported: jobs admitted per second over the whole run (cycles, pod creation, polling and
 finishing included: what a user sees), the same for the store's cycles alone, and pods created
@@ -13,6 +16,7 @@ per second during launches. For reference, Kueue's scheduler performance test ad
 workloads per second.
 
     .venv/bin/python -m bench.kube_bench [--nodes 200] [--jobs 1000] [--teams 5]
+                                         [--watch on|off] [--workers 8]
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import random
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +47,10 @@ sys.path.insert(0, str(ROOT / "tests"))  # the real API server's harness lives w
 from kubeapi import run_kube_api  # noqa: E402
 from kubelet_standin import KubeletStandin, make_node  # noqa: E402
 from kubernetes import client  # noqa: E402
+from kwok import FAKE, run_kwok  # noqa: E402
 
 from berth.runtime.kubernetes import KubernetesRuntime  # noqa: E402
+from berth.runtime.kubernetes.watch import ClusterWatch  # noqa: E402
 
 SIZES = [(1, 1, 0.55), (1, 2, 0.15), (1, 4, 0.12), (1, 8, 0.1), (2, 8, 0.05), (4, 8, 0.03)]
 
@@ -61,13 +69,37 @@ def job_spec(i: int, team: str, rng: random.Random) -> dict[str, Any]:
     }
 
 
-def run(nodes: int, jobs: int, teams: int, seed: int, log: Console) -> dict[str, Any]:
+def run(
+    nodes: int,
+    jobs: int,
+    teams: int,
+    seed: int,
+    log: Console,
+    *,
+    watch: bool,
+    workers: int,
+    kubelet: str = "standin",
+    run_s: float = 5.0,
+    poll_s: float = 2.0,
+) -> dict[str, Any]:
+    """One run; see the module docstring. `kubelet`: `standin` (this loop moves each pod to
+    Running and Succeeded itself) or `kwok` (KWOK plays every node's kubelet in its own process;
+    pods run `run_s` to twice that); `poll_s`: each gang is polled at most that often, as its
+    completion trigger would."""
     rng = random.Random(seed)
-    with tempfile.TemporaryDirectory() as tmp, run_kube_api(Path(tmp)) as kube:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        run_kube_api(Path(tmp)) as kube,
+        ThreadPoolExecutor(workers) as pool,
+        ExitStack() as stack,
+    ):
         core = kube.core
-        names = [f"node-{i:03d}" for i in range(nodes)]
-        for name in names:
-            make_node(core, name, gpus=8, cpu="96", memory="1Ti")
+        names = [f"node-{i:04d}" for i in range(nodes)]
+        fake = {FAKE: "fake"} if kubelet == "kwok" else None
+        list(pool.map(lambda n: make_node(core, n, gpus=8, annotations=fake), names))
+        if kubelet == "kwok":
+            ms = round(run_s * 1000)
+            stack.enter_context(run_kwok(kube, Path(tmp) / "kwok", run_ms=ms, jitter_ms=ms))
         team_names = [f"team{t}" for t in range(teams)]
         for t in team_names:
             ns = f"berth-{t}"
@@ -96,19 +128,28 @@ def run(nodes: int, jobs: int, teams: int, seed: int, log: Console) -> dict[str,
             {"teams": [{"name": t, "nominal": {"gpus": share}} for t in team_names]}
         )
         store = Store(f"sqlite:///{tmp}/berth.db", cluster, team_map)
-        runtime = KubernetesRuntime(kube.admin)
+        watcher = ClusterWatch(kube.admin) if watch else None
+        if watcher is not None:
+            watcher.start()
+            if not watcher.wait_synced(60):
+                raise RuntimeError("the watch did not list pods and nodes within 60 s")
+        runtime = KubernetesRuntime(kube.admin, watch=watcher)
         for i in range(jobs):
             store.submit(parse_spec(job_spec(i, rng.choice(team_names), rng)), job_id=f"j{i}")
-        kubelet = KubeletStandin(core, names, outcome=lambda pod: 0)
+        standin = (
+            KubeletStandin(core, names, outcome=lambda pod: 0) if kubelet == "standin" else None
+        )
         launches: dict[str, Any] = {}
-        t_cycles = t_launch = 0.0
-        pods = admitted = finished = 0
-        started = time.perf_counter()
+        polled: dict[str, float] = {}  # job -> when its gang was last polled
+        t_cycles = t_launch = t_kubelet = t_poll = t_stop = 0.0
+        pods = admitted = finished = polls = 0
+        last_log = started = time.perf_counter()
         while finished < jobs:
             t0 = time.perf_counter()
             report = store.schedule()
             t_cycles += time.perf_counter() - t0
             admitted += len(report.admitted)
+            todo = []
             for job_id in report.admitted:
                 st = store.status(job_id)
                 placement = Placement(
@@ -118,29 +159,64 @@ def run(nodes: int, jobs: int, teams: int, seed: int, log: Console) -> dict[str,
                     ),
                     st.level or "cluster",
                 )
-                t0 = time.perf_counter()
-                launches[job_id] = runtime.launch_spec(
-                    st.spec, job_id, st.attempt, placement, cluster
-                )
-                t_launch += time.perf_counter() - t0
+                todo.append((job_id, st, placement))
+            t0 = time.perf_counter()
+            made = pool.map(
+                lambda a: runtime.launch_spec(a[1].spec, a[0], a[1].attempt, a[2], cluster), todo
+            )
+            for (job_id, st, _), launch in zip(todo, made, strict=True):
+                launches[job_id] = launch
+                polled[job_id] = time.perf_counter()  # its trigger's first poll is poll_s on
                 pods += st.spec.replicas
                 store.mark_started(job_id, st.attempt)
-            kubelet.sync()  # Pending -> Running
-            kubelet.sync()  # Running -> Succeeded (exit 0)
-            for job_id, launch in list(launches.items()):
-                gang = runtime.poll(launch)
+            t_launch += time.perf_counter() - t0
+            if standin is not None:
+                t0 = time.perf_counter()
+                standin.sync()  # Pending -> Running
+                standin.sync()  # Running -> Succeeded (exit 0)
+                t_kubelet += time.perf_counter() - t0
+                due = list(launches.items())
+            else:
+                now = time.perf_counter()
+                due = [(j, la) for j, la in launches.items() if now - polled[j] >= poll_s]
+            t0 = time.perf_counter()
+            gangs = list(pool.map(lambda item: runtime.poll(item[1]), due))
+            polls += len(due)
+            now = time.perf_counter()
+            t_poll += now - t0
+            ended = []
+            for (job_id, launch), gang in zip(due, gangs, strict=True):
+                polled[job_id] = now
                 if gang.state == "running":
                     continue
                 if gang.state != "succeeded":
                     raise RuntimeError(f"{job_id}: {gang.state} {gang.message}")
-                runtime.stop(launch)  # the attempt's Service and pods go
+                ended.append((job_id, launch))
+            t0 = time.perf_counter()
+            list(pool.map(lambda item: runtime.stop(item[1]), ended))  # Services and pods go
+            t_stop += time.perf_counter() - t0
+            for job_id, _ in ended:
                 store.finish(job_id, "succeeded", exit_code=0)
-                del launches[job_id]
+                del launches[job_id], polled[job_id]
                 finished += 1
-            log.log(f"admitted {admitted}/{jobs}, finished {finished}, pods {pods}")
+            if not (todo or due):  # nothing to do before the next gang's poll is due
+                time.sleep(min(0.05, poll_s))
+            if time.perf_counter() - last_log >= 2 or finished == jobs:
+                last_log = time.perf_counter()
+                log.log(
+                    f"admitted {admitted}/{jobs}, running {len(launches)}, finished {finished}, "
+                    f"pods {pods}"
+                )
         wall = time.perf_counter() - started
         store.close()
+        if watcher is not None:
+            watcher.stop()
     return {
+        "watch": watch,
+        "workers": workers,
+        "kubelet": kubelet,
+        "run_s": run_s if kubelet == "kwok" else None,
+        "poll_s": poll_s if kubelet == "kwok" else None,
         "nodes": nodes,
         "gpus": nodes * 8,
         "jobs": jobs,
@@ -148,10 +224,16 @@ def run(nodes: int, jobs: int, teams: int, seed: int, log: Console) -> dict[str,
         "pods": pods,
         "wall_s": round(wall, 2),
         "jobs_admitted_per_s": round(jobs / wall, 1),
+        "pods_per_s": round(pods / wall, 1),
         "cycles_s": round(t_cycles, 2),
         "jobs_admitted_per_cycle_s": round(jobs / t_cycles, 1),
         "launch_s": round(t_launch, 2),
         "pods_created_per_s": round(pods / t_launch, 1),
+        "polls": polls,
+        "poll_s_total": round(t_poll, 2),
+        "polls_per_s": round(polls / t_poll, 1) if t_poll else None,
+        "stop_s": round(t_stop, 2),
+        "kubelet_standin_s": round(t_kubelet, 2),  # the stand-in's own requests, in the wall
     }
 
 
@@ -161,11 +243,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--jobs", type=int, default=1000)
     p.add_argument("--teams", type=int, default=5)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--watch", choices=("on", "off"), default="on", help="polls read a watch")
+    p.add_argument("--workers", type=int, default=8, help="threads for launches, polls, stops")
+    p.add_argument(
+        "--kubelet",
+        choices=("standin", "kwok"),
+        default="standin",
+        help="who runs the pods: this loop's stand-in, or KWOK (scripts/build-kwok.sh)",
+    )
+    p.add_argument("--run-s", type=float, default=5.0, help="kwok: each pod runs 1-2x this")
+    p.add_argument("--poll-s", type=float, default=2.0, help="kwok: each gang polled this often")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "kube.json")
     a = p.parse_args(argv)
     log = Console(stderr=True)
     before = reference_ms()
-    result = run(a.nodes, a.jobs, a.teams, a.seed, log)
+    if a.workers < 1:
+        p.error("--workers must be >= 1")
+    result = run(
+        a.nodes, a.jobs, a.teams, a.seed, log, watch=a.watch == "on", workers=a.workers,
+        kubelet=a.kubelet, run_s=a.run_s, poll_s=a.poll_s,
+    )  # fmt: skip
     report = {
         "benchmark": "kube",
         "config": vars(a) | {"out": str(a.out)},  # where this file was written
@@ -176,7 +273,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(report, indent=1) + "\n")
-    table = Table(title=f"{a.jobs} jobs, {a.nodes} nodes x 8 GPUs, {a.teams} teams")
+    table = Table(
+        title=f"{a.jobs} jobs, {a.nodes} nodes x 8 GPUs, {a.teams} teams, watch {a.watch}, "
+        f"{a.workers} workers, kubelet {a.kubelet}"
+    )
     table.add_column("measure")
     table.add_column("value", justify="right")
     rows = (
@@ -187,6 +287,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ("pods created", "pods"),
         ("seconds in launches", "launch_s"),
         ("pods created / s", "pods_created_per_s"),
+        ("polls (of every followed gang, each round)", "polls"),
+        ("pods / s, end to end", "pods_per_s"),
+        ("seconds in polls", "poll_s_total"),
+        ("seconds in teardowns", "stop_s"),
+        ("seconds in the stand-in kubelet", "kubelet_standin_s"),
     )
     for label, key in rows:
         table.add_row(label, str(result[key]))

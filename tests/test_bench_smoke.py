@@ -124,6 +124,21 @@ def test_kube_bench_tiny(tmp_path) -> None:
     assert result["jobs_admitted_per_s"] > 0 and result["pods_created_per_s"] > 0
 
 
+def test_kube_bench_tiny_on_kwok(tmp_path) -> None:
+    """The same with KWOK playing the kubelets: pods run on their own time, each gang is polled
+    more than once (through the watch) before it ends, and every job goes through."""
+    from bench import kube_bench
+
+    out = tmp_path / "kube.json"
+    argv = ["--nodes", "4", "--jobs", "12", "--teams", "2", "--kubelet", "kwok"]
+    report = kube_bench.main([*argv, "--run-s", "1", "--poll-s", "0.3", "--out", str(out)])
+    result = report["result"]
+    assert result["kubelet"] == "kwok" and result["watch"] is True
+    assert result["jobs"] == 12 and result["pods"] >= 12
+    assert result["polls"] > 12  # gangs ran 1 to 2 s and were polled every 0.3 s
+    assert result["kubelet_standin_s"] == 0
+
+
 def test_lifecycle_bench_parts_without_airflow(tmp_path: Path) -> None:
     """The whole benchmark needs an Airflow standalone (minutes); its parts that can break
     silently are checked here: the DAG copy with another poll_s, and the summary."""
