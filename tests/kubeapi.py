@@ -22,7 +22,6 @@ BERTH_REQUIRE_KUBE=1 (CI, after scripts/build-kube.sh) they fail instead.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import ipaddress
 import itertools
 import os
@@ -43,6 +42,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from go_binaries import cached_binary, required_version
 from kubernetes import client
 from ports import free_port
 from waiting import wait_for
@@ -57,22 +57,12 @@ NOBODY_USER = "berth-test-nobody"
 
 def kube_version(go_mod: Path = TOOLS / "go.mod") -> str:
     """The k8s.io/kubernetes version that tools/kube/go.mod requires."""
-    for line in go_mod.read_text().splitlines():
-        words = line.split()
-        if "=>" in words or not words or words[0].startswith("//"):
-            continue
-        if "k8s.io/kubernetes" in words[:-1]:
-            return words[words.index("k8s.io/kubernetes") + 1]
-    raise ValueError(f"{go_mod} requires no k8s.io/kubernetes version")
+    return required_version(go_mod, "k8s.io/kubernetes")
 
 
 def kube_apiserver_path(tools: Path = TOOLS) -> Path:
     """Where scripts/build-kube.sh caches kube-apiserver (the same rule, kept in step)."""
-    digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum", "main.go"):
-        digest.update((tools / name).read_bytes())
-    cache = Path(os.environ.get("BERTH_KUBE_CACHE") or Path.home() / ".cache/berth/kube")
-    return cache / f"{kube_version(tools / 'go.mod')}-{digest.hexdigest()[:12]}" / "kube-apiserver"
+    return cached_binary(tools, "k8s.io/kubernetes", "BERTH_KUBE_CACHE", "kube", "kube-apiserver")
 
 
 def unavailable(why: str) -> None:

@@ -21,12 +21,13 @@ skip, and with BERTH_REQUIRE_KUBE=1 (CI) they fail.
 
 from __future__ import annotations
 
-import hashlib
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import yaml
+from go_binaries import cached_binary
 from kubeapi import REPO, KubeAPI, _Process, _wait_until_ok, unavailable
 from ports import free_port
 
@@ -35,21 +36,9 @@ FAKE = "kwok.x-k8s.io/node"  # the annotation (value `fake`) of the nodes KWOK p
 EXIT_CODE = "berth.io/kwok-exit-code"
 
 
-def kwok_version(go_mod: Path = TOOLS / "go.mod") -> str:
-    for line in go_mod.read_text().splitlines():
-        words = line.split()
-        if "sigs.k8s.io/kwok" in words[:-1] and "=>" not in words:
-            return words[words.index("sigs.k8s.io/kwok") + 1]
-    raise ValueError(f"{go_mod} requires no sigs.k8s.io/kwok version")
-
-
 def kwok_path(tools: Path = TOOLS) -> Path:
     """Where scripts/build-kwok.sh caches kwok (the same rule, kept in step)."""
-    digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum", "main.go"):
-        digest.update((tools / name).read_bytes())
-    cache = Path(os.environ.get("BERTH_KWOK_CACHE") or Path.home() / ".cache/berth/kwok")
-    return cache / f"{kwok_version(tools / 'go.mod')}-{digest.hexdigest()[:12]}" / "kwok"
+    return cached_binary(tools, "sigs.k8s.io/kwok", "BERTH_KWOK_CACHE", "kwok", "kwok")
 
 
 _RUNNING = """\
@@ -78,7 +67,7 @@ startTime: {{ $now | Quote }}
 
 _ENDED = """\
 {{ $now := Now }}
-{{ $code := %(code)s }}
+{{ $code := {code} }}
 conditions:
 - {type: Ready, status: "False", lastTransitionTime: {{ $now | Quote }}}
 - {type: ContainersReady, status: "False", lastTransitionTime: {{ $now | Quote }}}
@@ -93,96 +82,105 @@ containerStatuses:
   state:
     terminated:
       exitCode: {{ $code }}
-      reason: %(reason)s
+      reason: {reason}
       startedAt: {{ $now | Quote }}
       finishedAt: {{ $now | Quote }}
 {{ end }}
-phase: %(phase)s
+phase: {phase}
 """
 
 
-def _indent(text: str, spaces: int) -> str:
-    pad = " " * spaces
-    return "".join(pad + line if line.strip() else line for line in text.splitlines(True))
+def _ended(code: str, reason: str, phase: str) -> str:
+    """The status of a pod whose containers ended with `code` (a template expression)."""
+    return _ENDED.replace("{code}", code).replace("{reason}", reason).replace("{phase}", phase)
+
+
+_READY = """\
+conditions:
+- {type: Ready, status: "True", reason: KubeletReady, message: kwok,
+   lastHeartbeatTime: {{ Now | Quote }}, lastTransitionTime: {{ Now | Quote }}}
+phase: Running
+"""
+
+
+def _stage(
+    name: str,
+    kind: str,
+    match: list[dict[str, Any]],
+    then: dict[str, Any],
+    delay_ms: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """One KWOK Stage: objects of `kind` matching every expression of `match` get `then`
+    (after a delay drawn from `delay_ms`, least and most, when given)."""
+    spec: dict[str, Any] = {
+        "resourceRef": {"apiGroup": "v1", "kind": kind},
+        "selector": {"matchExpressions": match},
+        "next": then,
+    }
+    if delay_ms is not None:
+        spec["delay"] = {
+            "durationMilliseconds": delay_ms[0],
+            "jitterDurationMilliseconds": delay_ms[1],
+        }
+    return {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Stage",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def _is(key: str, operator: str, *values: str) -> dict[str, Any]:
+    return {"key": key, "operator": operator, **({"values": list(values)} if values else {})}
 
 
 def stages(run_ms: int, jitter_ms: int) -> str:
     """The Stages of the module docstring, as KWOK's --config reads them."""
-    berth_running = """\
-    matchExpressions:
-    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
-    - {key: '.status.phase', operator: In, values: [Running]}
-    - {key: '.metadata.labels["app.kubernetes.io/managed-by"]', operator: In, values: [berth]}
-"""
-    delay = f"""\
-  delay:
-    durationMilliseconds: {run_ms}
-    jitterDurationMilliseconds: {run_ms + jitter_ms}
-"""
-    succeed = _ENDED % {"code": "0", "reason": "Completed", "phase": "Succeeded"}
-    failed_code = f'(index .metadata.annotations "{EXIT_CODE}")'
-    fail = _ENDED % {"code": failed_code, "reason": "Error", "phase": "Failed"}
-    return f"""\
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {{name: node-ready}}
-spec:
-  resourceRef: {{apiGroup: v1, kind: Node}}
-  selector:
-    matchExpressions:
-    - {{key: '.status.conditions.[] | select( .type == "Ready" ) | .status', operator: NotIn,
-       values: ["True"]}}
-  next:
-    statusTemplate: |
-      conditions:
-      - {{type: Ready, status: "True", reason: KubeletReady, message: kwok,
-         lastHeartbeatTime: {{{{ Now | Quote }}}}, lastTransitionTime: {{{{ Now | Quote }}}}}}
-      phase: Running
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {{name: pod-run}}
-spec:
-  resourceRef: {{apiGroup: v1, kind: Pod}}
-  selector:
-    matchExpressions:
-    - {{key: '.metadata.deletionTimestamp', operator: DoesNotExist}}
-    - {{key: '.status.podIP', operator: DoesNotExist}}
-  next:
-    statusTemplate: |
-{_indent(_RUNNING, 6)}---
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {{name: pod-succeed}}
-spec:
-  resourceRef: {{apiGroup: v1, kind: Pod}}
-  selector:
-{berth_running}    - {{key: '.metadata.annotations["{EXIT_CODE}"]', operator: DoesNotExist}}
-{delay}  next:
-    statusTemplate: |
-{_indent(succeed, 6)}---
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {{name: pod-fail}}
-spec:
-  resourceRef: {{apiGroup: v1, kind: Pod}}
-  selector:
-{berth_running}    - {{key: '.metadata.annotations["{EXIT_CODE}"]', operator: Exists}}
-{delay}  next:
-    statusTemplate: |
-{_indent(fail, 6)}---
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata: {{name: pod-delete}}
-spec:
-  resourceRef: {{apiGroup: v1, kind: Pod}}
-  selector:
-    matchExpressions:
-    - {{key: '.metadata.deletionTimestamp', operator: Exists}}
-  next:
-    finalizers: {{empty: true}}
-    delete: true
-"""
+    not_deleted = _is(".metadata.deletionTimestamp", "DoesNotExist")
+    berth_running = [
+        not_deleted,
+        _is(".status.phase", "In", "Running"),
+        _is('.metadata.labels["app.kubernetes.io/managed-by"]', "In", "berth"),
+    ]
+    code = f'.metadata.annotations["{EXIT_CODE}"]'
+    delay = (run_ms, run_ms + jitter_ms)
+    ready = '.status.conditions.[] | select( .type == "Ready" ) | .status'
+    return yaml.safe_dump_all(
+        [
+            _stage("node-ready", "Node", [_is(ready, "NotIn", "True")], {"statusTemplate": _READY}),
+            _stage(
+                "pod-run",
+                "Pod",
+                [not_deleted, _is(".status.podIP", "DoesNotExist")],
+                {"statusTemplate": _RUNNING},
+            ),
+            _stage(
+                "pod-succeed",
+                "Pod",
+                [*berth_running, _is(code, "DoesNotExist")],
+                {"statusTemplate": _ended("0", "Completed", "Succeeded")},
+                delay,
+            ),
+            _stage(
+                "pod-fail",
+                "Pod",
+                [*berth_running, _is(code, "Exists")],
+                {
+                    "statusTemplate": _ended(
+                        f'(index .metadata.annotations "{EXIT_CODE}")', "Error", "Failed"
+                    )
+                },
+                delay,
+            ),
+            _stage(
+                "pod-delete",
+                "Pod",
+                [_is(".metadata.deletionTimestamp", "Exists")],
+                {"finalizers": {"empty": True}, "delete": True},
+            ),
+        ],
+        sort_keys=False,
+    )
 
 
 @contextmanager

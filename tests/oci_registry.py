@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from go_binaries import cached_binary, required_version
 from ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,20 +38,12 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 def registry_version(go_mod: Path = TOOLS / "go.mod") -> str:
     """The go-containerregistry version that tools/registry/go.mod requires."""
-    for line in go_mod.read_text().splitlines():
-        words = line.split()
-        if words and not words[0].startswith("//") and "=>" not in words and MODULE in words[:-1]:
-            return words[words.index(MODULE) + 1]
-    raise ValueError(f"{go_mod} requires no {MODULE} version")
+    return required_version(go_mod, MODULE)
 
 
 def registry_path(tools: Path = TOOLS) -> Path:
     """Where scripts/build-registry.sh caches the binary (the same rule, kept in step)."""
-    digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum", "main.go"):
-        digest.update((tools / name).read_bytes())
-    cache = Path(os.environ.get("BERTH_REGISTRY_CACHE") or Path.home() / ".cache/berth/registry")
-    return cache / f"{registry_version(tools / 'go.mod')}-{digest.hexdigest()[:12]}" / "registry"
+    return cached_binary(tools, MODULE, "BERTH_REGISTRY_CACHE", "registry", "registry")
 
 
 @dataclass

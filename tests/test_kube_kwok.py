@@ -4,32 +4,38 @@ replica that fails ends its gang with its code; Berth's teardown leaves nothing 
 
 from __future__ import annotations
 
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
+from kubeapi import REPO, KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubelet_standin import make_node
 from kubernetes import client
-from kwok import EXIT_CODE, FAKE, run_kwok
+from kwok import EXIT_CODE, FAKE, kwok_path, run_kwok
 from test_kube_runtime import ensure_priority_class
 from waiting import wait_for
 
 from berth.runtime.kubernetes import KubernetesRuntime, KubeSettings, discover_cluster
 from berth.runtime.kubernetes.pods import KubeLaunch
 from berth.runtime.kubernetes.watch import ClusterWatch
+from berth.spec import parse_spec
+from berth.store import Store
+from scheduling.config import parse_teams
 from scheduling.jobs import Placement, ReplicaPlacement
+from scheduling.quota import Team
 
 
 class KwokGang:
     """Two KWOK nodes of 8 GPUs in a pool of their own, a team namespace, and a runtime that
     reads a watch."""
 
-    def __init__(self, kube: KubeAPI, watch: ClusterWatch) -> None:
+    def __init__(self, kube: KubeAPI, watch: ClusterWatch, nodes: int = 2) -> None:
         self.kube, self.core = kube, kube.core
         pool = kube.unique_name("kwok")
-        self.nodes = [f"{pool}-a", f"{pool}-b"]
+        self.nodes = [f"{pool}-{chr(ord('a') + i)}" for i in range(nodes)]
         for name in self.nodes:
             make_node(self.core, name, labels={"berth.io/pool": pool}, annotations={FAKE: "fake"})
         self.team = kube.unique_name("team")
@@ -51,6 +57,60 @@ class KwokGang:
 
     def pods(self) -> list[Any]:
         return self.core.list_namespaced_pod(self.ns).items
+
+    def teams(self) -> dict[str, Team]:
+        return parse_teams(
+            {"teams": [{"name": self.team, "nominal": {"gpus": 8 * len(self.nodes)}}]}
+        )
+
+
+def drive(
+    store: Store, g: KwokGang, *, kill_after: int, kills: int, timeout_s: float = 180
+) -> dict[str, Any]:
+    """Run the store's jobs to their ends as the run and completion tasks would: launch what a
+    cycle admits, poll each gang, end it in the store as it ended (a requeue as lost). Once
+    `kill_after` gangs have been launched, delete rank 0's pod of `kills` of the live ones."""
+    total = len(store.jobs())
+    launches: dict[str, tuple[int, KubeLaunch]] = {}
+    out: dict[str, Any] = {"succeeded": [], "lost": []}
+    launched = killed = 0
+    deadline = time.monotonic() + timeout_s
+    while len(out["succeeded"]) < total:
+        assert time.monotonic() < deadline, f"not every job ended in {timeout_s} s: {out}"
+        for job_id in store.schedule().admitted:
+            st = store.status(job_id)
+            placement = Placement(
+                tuple(
+                    ReplicaPlacement(g.cluster.by_name[r.node].index, r.gpus, r.share)
+                    for r in st.placement
+                ),
+                st.level or "cluster",
+            )
+            launch = g.runtime.launch_spec(st.spec, job_id, st.attempt, placement, g.cluster)
+            launches[job_id] = (st.attempt, launch)
+            store.mark_started(job_id, st.attempt)
+            launched += 1
+        if not killed and launched >= kill_after:
+            for _, launch in sorted(launches.values(), key=lambda a: a[1].job_id)[:kills]:
+                g.core.delete_namespaced_pod(launch.replicas[0].pod, g.ns, grace_period_seconds=0)
+            killed = kills
+        for job_id, (attempt, launch) in list(launches.items()):
+            gang = g.runtime.poll(launch)
+            if gang.state == "running":
+                continue
+            g.runtime.stop(launch)
+            if gang.state == "succeeded":
+                store.finish(job_id, "succeeded", exit_code=0, attempt=attempt)
+                out["succeeded"].append(job_id)
+            elif gang.disposition == "requeue":
+                store.finish(job_id, "lost", message=gang.message or "", attempt=attempt)
+                out["lost"].append(job_id)
+            else:
+                raise AssertionError(f"{job_id}: {gang.state} {gang.message}")
+            del launches[job_id]
+        time.sleep(0.2)
+    out["usage"] = sum(u.gpus for u in store.usage().values())
+    return out
 
 
 @pytest.fixture
@@ -95,3 +155,48 @@ def test_a_failed_replica_ends_its_gang_with_its_code(gang: KwokGang) -> None:
     assert status.state == "failed" and status.failed_rank == 1 and status.exit_code == 7
     gang.runtime.stop(launch)
     wait_for(lambda: gang.pods() == [], "KWOK to delete the failed attempt's pods")
+
+
+def test_the_build_script_and_the_harness_agree_on_where_kwok_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("BERTH_KWOK_CACHE", str(cache))
+    script = str(REPO / "scripts/build-kwok.sh")
+    where = subprocess.run([script, "--where"], capture_output=True, text=True, check=True)
+    assert Path(where.stdout.strip()) == kwok_path()
+    assert kwok_path().parent.name.startswith("v0.") and not cache.exists()  # builds nothing
+
+
+def test_pods_killed_mid_run_lose_no_job_and_leak_nothing(
+    kube_api: KubeAPI,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The store, the runtime (through its watch) and KWOK's kubelets, as the completion
+    triggers drive them: 24 jobs (some 2-replica gangs) on 4 nodes; once 8 gangs are launched,
+    someone deletes one pod of each of 3 of them. Those gangs end as lost (a pod deleted by someone
+    else: requeued, no retry used) and run again as a new attempt; every job succeeds in the
+    end, each gang's pods and Service are gone, and the store holds no GPU."""
+    ensure_priority_class(kube_api.admin)
+    watch = ClusterWatch(kube_api.admin, timeout_s=5, stale_s=20)
+    watch.start()
+    assert watch.wait_synced(30)
+    try:
+        with run_kwok(kube_api, tmp_path / "kwok", run_ms=1500, jitter_ms=1500):
+            g = KwokGang(kube_api, watch, nodes=4)
+            store = Store(f"sqlite:///{tmp_path}/berth.db", g.cluster, g.teams())
+            for i in range(24):
+                spec = {"name": f"f{i}", "team": g.team, "image": "ghcr.io/org/train:1.0",
+                        "command": ["python", "train.py"], "replicas": 2 if i % 4 == 0 else 1,
+                        "gpus_per_replica": 4 if i % 4 == 0 else 2, "cpus_per_replica": 2,
+                        "memory_gb_per_replica": 8}  # fmt: skip
+                store.submit(parse_spec(spec), job_id=f"f{i}")
+            outcomes = drive(store, g, kill_after=8, kills=3)
+            store.close()
+    finally:
+        watch.stop()
+    assert sorted(outcomes["succeeded"]) == sorted(f"f{i}" for i in range(24))
+    assert len(outcomes["lost"]) == 3, outcomes["lost"]  # the killed gangs, once each
+    assert outcomes["usage"] == 0
+    assert g.core.list_namespaced_service(g.ns).items == []
+    wait_for(lambda: g.pods() == [], "KWOK to delete the last pods Berth deleted")
