@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from berth.runtime import RuntimeUnavailable
 from berth.spec import JobSpec
 from operators.context import settings
 from operators.release import engine_placement
@@ -33,7 +34,8 @@ class LaunchFailed(RuntimeError):
 
 
 class LaunchInterrupted(RuntimeError):
-    """An earlier launcher died mid-launch; what it left was stopped and the job requeued."""
+    """An earlier launcher died mid-launch (what it left was stopped), or the runtime could not
+    launch for now (RuntimeUnavailable); the job was requeued, no retry used."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,12 @@ def launch_attempt(plan: LaunchPlan, job_id: str, attempt: int) -> Launched:
                 extra_env=extra,
                 time_limit_s=spec.time_limit_s,
             )
+    except RuntimeUnavailable as e:  # the platform's blip, not the job's fault: no retry used
+        store.finish(job_id, "lost", message=f"launch interrupted: {e}", attempt=attempt)
+        raise LaunchInterrupted(
+            f"job {job_id} attempt {attempt}: the runtime could not launch it for now ({e}); "
+            "the job is queued again"
+        ) from e
     except Exception as e:
         store.finish(job_id, "failed", message=f"launch failed: {e}", attempt=attempt)
         raise LaunchFailed(f"job {job_id} attempt {attempt} could not launch: {e}") from e

@@ -26,6 +26,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from berth.runtime.base import RuntimeUnavailable
 from berth.store import JobStateError, JobStatus, StaleAttemptError, UnknownJobError
 from berth.store.poller import CyclePoller
 from operators.context import settings
@@ -189,6 +190,10 @@ class CompletionTrigger(BaseTrigger):
     `preempting`, or someone cancelled it). Every `heartbeat_s` it heartbeats the store so the
     reaper leaves the attempt alone.
 
+    A poll the runtime cannot answer (RuntimeUnavailable: an API server restarting) is asked
+    again at the next tick, the store still heartbeaten: the attempt is neither ended nor lost
+    for it, and the replicas run on.
+
     When the gang ends, the trigger records it (`Store.finish`: succeeded, failed, or lost for
     what Kubernetes says to requeue), which frees the GPUs for the next cycle, and pokes this
     process's cycle poller; a victim's replicas are stopped and the attempt ended as preempted.
@@ -230,10 +235,24 @@ class CompletionTrigger(BaseTrigger):
         launch = runtime.launch_from_dict(self.launch)
         last_beat = 0.0
         started = time.monotonic()
+        unreachable_since: float | None = None
         while True:
-            gang = await asyncio.to_thread(runtime.poll, launch)
-            await self._stream(runtime, launch)
-            if gang.state != "running":
+            try:
+                gang = await asyncio.to_thread(runtime.poll, launch)
+            except RuntimeUnavailable as e:
+                # The API server is away (a restart, an upgrade): the replicas run on without
+                # it. Keep the attempt alive in the store and ask again; say so once.
+                gang = None
+                if unreachable_since is None:
+                    unreachable_since = time.monotonic()
+                    self.log.warning("the runtime cannot tell the gang's state for now: %s", e)
+            else:
+                if unreachable_since is not None:
+                    away = time.monotonic() - unreachable_since
+                    self.log.info("the runtime answers again after %.0f s", away)
+                    unreachable_since = None
+                await self._stream(runtime, launch)
+            if gang is not None and gang.state != "running":
                 # Kubernetes tells a requeue (eviction, node loss) and a hopeless failure (bad
                 # image) from a failed attempt; the local runtime has no such cases.
                 disposition = getattr(gang, "disposition", None)
@@ -268,13 +287,18 @@ class CompletionTrigger(BaseTrigger):
                 await asyncio.to_thread(runtime.stop, launch)
                 yield self._event("lost", outcome="lost", message=str(e))
                 return
-            if st.state == "preempting":  # a victim: stop, then give the GPUs back
-                await asyncio.to_thread(runtime.stop, launch)
+            if st.state in ("preempting", "cancelled"):
+                try:  # a victim's replicas stop before its GPUs are given back
+                    await asyncio.to_thread(runtime.stop, launch)
+                except RuntimeUnavailable as e:  # the API server is away: stop again later
+                    self.log.warning("the replicas could not be stopped for now: %s", e)
+                    await _until_change(runtime, launch, self.poll_s)
+                    continue
+            if st.state == "preempting":
                 outcome = await self._end(store, "preempted", message="preempted by Berth")
                 yield self._event("preempted", outcome=outcome, message=st.message or "")
                 return
             if st.state == "cancelled":
-                await asyncio.to_thread(runtime.stop, launch)
                 yield self._event("cancelled", outcome="cancelled", message=st.message or "")
                 return
             await _until_change(runtime, launch, self.poll_s)

@@ -29,6 +29,7 @@ import secrets
 import shutil
 import ssl
 import subprocess
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -95,9 +96,16 @@ class KubeAPI:
     admin: client.ApiClient = field(init=False)
     _clients: list[client.ApiClient] = field(default_factory=list, repr=False)
     _names: Iterator[int] = field(default_factory=itertools.count, repr=False)
+    _restart: Callable[[float], None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.admin = self.client(self.admin_token)
+
+    def restart_server(self, down_s: float = 0.0) -> None:
+        """Stop kube-apiserver, leave it down `down_s`, start it again on the same port and
+        etcd, and return once it is ready (an upgrade or a crash, as clients see it)."""
+        assert self._restart is not None, "a server of run_kube_api's own"
+        self._restart(down_s)
 
     def client(self, token: str) -> client.ApiClient:
         """An API client that authenticates with a bearer token."""
@@ -341,15 +349,21 @@ def run_kube_api(workdir: Path, extra_args: Sequence[str] = ()) -> Iterator[Kube
         etcd_proc, etcd_url = _start_etcd(etcd, workdir)
         processes.append(etcd_proc)
         port = free_port()
-        server = _Process(
-            "kube-apiserver",
-            [*_apiserver_argv(binary, etcd_url, port, creds, workdir), *extra_args],
-            workdir / "kube-apiserver.log",
-        )
-        processes.append(server)
+        argv = [*_apiserver_argv(binary, etcd_url, port, creds, workdir), *extra_args]
         host = f"https://127.0.0.1:{port}"
         context = ssl.create_default_context(cafile=str(creds["ca"]))
-        _wait_until_ok(server, f"{host}/readyz", context, str(creds["admin_token"]))
+
+        def start(log: str) -> None:
+            server = _Process("kube-apiserver", argv, workdir / log)
+            processes.append(server)
+            _wait_until_ok(server, f"{host}/readyz", context, str(creds["admin_token"]))
+
+        def restart(down_s: float) -> None:
+            processes.pop().stop()  # the server is the last process started
+            time.sleep(down_s)  # the outage itself, as clients see it
+            start(f"kube-apiserver-{len(processes)}.log")
+
+        start("kube-apiserver.log")
         api = KubeAPI(
             host=host,
             ca_file=Path(creds["ca"]),
@@ -357,6 +371,7 @@ def run_kube_api(workdir: Path, extra_args: Sequence[str] = ()) -> Iterator[Kube
             nobody_token=str(creds["nobody_token"]),
             version=kube_version(),
             workdir=workdir,
+            _restart=restart,
         )
         yield api
     finally:

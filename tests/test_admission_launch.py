@@ -20,6 +20,7 @@ import pytest
 import structlog
 from waiting import wait_for
 
+from berth.runtime import RuntimeUnavailable
 from berth.settings import settings
 from berth.spec import parse_spec
 from berth.store import JobStatus, Store
@@ -301,3 +302,53 @@ def test_a_waiting_jobs_trigger_says_why_where_it_stands_and_when_it_may_start(
     assert said.lines[-1] == "job patient attempt 1 started"
     # Said once each: a line is repeated only when what it says changes.
     assert len(reasons) == len(set(reasons)) and len(said.lines) == len(set(said.lines))
+
+
+def test_a_runtime_that_cannot_answer_for_a_while_loses_nothing(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime cannot tell the gang's state for its first polls (RuntimeUnavailable, as
+    from an API server that restarts): the completion trigger keeps the attempt alive in the
+    store and asks again, and ends it as it really ended."""
+    plan = _submit(store, "steady", 1, 4, 0.5)
+    launch = _run_now(store, "steady", plan)
+    runtime = settings().runtime()
+    real, calls = runtime.poll, []
+
+    def unavailable_at_first(handle: Any) -> Any:
+        calls.append(time.monotonic())
+        if len(calls) <= 3:
+            raise RuntimeUnavailable("the API server cannot be reached: connection refused")
+        return real(handle)
+
+    monkeypatch.setattr(runtime, "poll", unavailable_at_first)
+    trigger = triggers.CompletionTrigger("steady", 1, launch, poll_s=0.1, heartbeat_s=0.1)
+    event = asyncio.run(asyncio.wait_for(_first_event(trigger), 60))
+    assert (event["status"], event["outcome"]) == ("succeeded", "succeeded")
+    assert len(calls) > 3 and store.status("steady").state == "succeeded"
+
+
+def test_replicas_that_cannot_be_stopped_for_now_are_stopped_later(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancelled job's trigger stops its replicas; the runtime cannot for its first two tries
+    (RuntimeUnavailable): the trigger tries again at its next ticks, and fires `cancelled`
+    only once they are stopped."""
+    plan = _submit(store, "stubborn", 1, 4, HOUR)
+    launch = _run_now(store, "stubborn", plan)
+    runtime = settings().runtime()
+    real, tries = runtime.stop, []
+
+    def unavailable_at_first(handle: Any, *args: Any, **kwargs: Any) -> None:
+        tries.append(time.monotonic())
+        if len(tries) <= 2:
+            raise RuntimeUnavailable("the attempt could not be stopped for now: refused")
+        real(handle, *args, **kwargs)
+
+    monkeypatch.setattr(runtime, "stop", unavailable_at_first)
+    store.cancel("stubborn", message="by a test")
+    trigger = triggers.CompletionTrigger("stubborn", 1, launch, poll_s=0.1, heartbeat_s=HOUR)
+    event = asyncio.run(asyncio.wait_for(_first_event(trigger), 60))
+    assert event["status"] == "cancelled" and len(tries) == 3
+    handle = runtime.launch_from_dict(launch)
+    wait_for(lambda: runtime.poll(handle).state != "running", "the replicas to be stopped")

@@ -4,20 +4,23 @@ replica that fails ends its gang with its code; Berth's teardown leaves nothing 
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubeapi import REPO, KubeAPI, kube_api  # noqa: F401 (the session fixture)
+from kubeapi import REPO, KubeAPI, kube_api, run_kube_api  # noqa: F401 (the session fixture)
 from kubelet_standin import make_node
 from kubernetes import client
 from kwok import EXIT_CODE, FAKE, kwok_path, run_kwok
 from test_kube_runtime import ensure_priority_class
 from waiting import wait_for
 
+from berth.runtime import RuntimeUnavailable
 from berth.runtime.kubernetes import KubernetesRuntime, KubeSettings, discover_cluster
 from berth.runtime.kubernetes.pods import KubeLaunch
 from berth.runtime.kubernetes.watch import ClusterWatch
@@ -64,16 +67,33 @@ class KwokGang:
         )
 
 
+def submit_jobs(store: Store, g: KwokGang, count: int) -> None:
+    """`count` jobs f0, f1, ...: every fourth a gang of 2 x 4 GPUs, the others 2 GPUs."""
+    for i in range(count):
+        gang = i % 4 == 0
+        spec = {
+            "name": f"f{i}", "team": g.team, "image": "ghcr.io/org/train:1.0",
+            "command": ["python", "train.py"], "replicas": 2 if gang else 1,
+            "gpus_per_replica": 4 if gang else 2, "cpus_per_replica": 2, "memory_gb_per_replica": 8,
+        }  # fmt: skip
+        store.submit(parse_spec(spec), job_id=f"f{i}")
+
+
+Fault = Callable[[dict[str, tuple[int, KubeLaunch]]], None]
+
+
 def drive(
-    store: Store, g: KwokGang, *, kill_after: int, kills: int, timeout_s: float = 180
+    store: Store, g: KwokGang, *, fault_after: int, fault: Fault, timeout_s: float = 180
 ) -> dict[str, Any]:
     """Run the store's jobs to their ends as the run and completion tasks would: launch what a
-    cycle admits, poll each gang, end it in the store as it ended (a requeue as lost). Once
-    `kill_after` gangs have been launched, delete rank 0's pod of `kills` of the live ones."""
+    cycle admits (a launch the runtime cannot make for now ends as lost), poll each gang (one
+    it cannot tell about for now is asked again), end it in the store as it ended (a requeue as
+    lost). `fault(live launches)` runs once `fault_after` gangs have been launched."""
     total = len(store.jobs())
     launches: dict[str, tuple[int, KubeLaunch]] = {}
-    out: dict[str, Any] = {"succeeded": [], "lost": []}
-    launched = killed = 0
+    out: dict[str, Any] = {"succeeded": [], "lost": [], "interrupted": [], "unknown": 0}
+    to_stop: list[KubeLaunch] = []
+    launched, faulted = 0, False
     deadline = time.monotonic() + timeout_s
     while len(out["succeeded"]) < total:
         assert time.monotonic() < deadline, f"not every job ended in {timeout_s} s: {out}"
@@ -86,19 +106,26 @@ def drive(
                 ),
                 st.level or "cluster",
             )
-            launch = g.runtime.launch_spec(st.spec, job_id, st.attempt, placement, g.cluster)
+            try:
+                launch = g.runtime.launch_spec(st.spec, job_id, st.attempt, placement, g.cluster)
+            except RuntimeUnavailable as e:
+                store.finish(job_id, "lost", message=str(e), attempt=st.attempt)
+                out["interrupted"].append(job_id)
+                continue
             launches[job_id] = (st.attempt, launch)
             store.mark_started(job_id, st.attempt)
             launched += 1
-        if not killed and launched >= kill_after:
-            for _, launch in sorted(launches.values(), key=lambda a: a[1].job_id)[:kills]:
-                g.core.delete_namespaced_pod(launch.replicas[0].pod, g.ns, grace_period_seconds=0)
-            killed = kills
+        if not faulted and launched >= fault_after:
+            fault(launches)
+            faulted = True
         for job_id, (attempt, launch) in list(launches.items()):
-            gang = g.runtime.poll(launch)
+            try:
+                gang = g.runtime.poll(launch)
+            except RuntimeUnavailable:
+                out["unknown"] += 1
+                continue
             if gang.state == "running":
                 continue
-            g.runtime.stop(launch)
             if gang.state == "succeeded":
                 store.finish(job_id, "succeeded", exit_code=0, attempt=attempt)
                 out["succeeded"].append(job_id)
@@ -108,7 +135,14 @@ def drive(
             else:
                 raise AssertionError(f"{job_id}: {gang.state} {gang.message}")
             del launches[job_id]
+            to_stop.append(launch)
+        for launch in list(to_stop):  # its Service (and what is left); again if it cannot
+            with contextlib.suppress(RuntimeUnavailable):
+                g.runtime.stop(launch)
+                to_stop.remove(launch)
         time.sleep(0.2)
+    for launch in to_stop:
+        g.runtime.stop(launch)
     out["usage"] = sum(u.gpus for u in store.usage().values())
     return out
 
@@ -185,13 +219,8 @@ def test_pods_killed_mid_run_lose_no_job_and_leak_nothing(
         with run_kwok(kube_api, tmp_path / "kwok", run_ms=1500, jitter_ms=1500):
             g = KwokGang(kube_api, watch, nodes=4)
             store = Store(f"sqlite:///{tmp_path}/berth.db", g.cluster, g.teams())
-            for i in range(24):
-                spec = {"name": f"f{i}", "team": g.team, "image": "ghcr.io/org/train:1.0",
-                        "command": ["python", "train.py"], "replicas": 2 if i % 4 == 0 else 1,
-                        "gpus_per_replica": 4 if i % 4 == 0 else 2, "cpus_per_replica": 2,
-                        "memory_gb_per_replica": 8}  # fmt: skip
-                store.submit(parse_spec(spec), job_id=f"f{i}")
-            outcomes = drive(store, g, kill_after=8, kills=3)
+            submit_jobs(store, g, 24)
+            outcomes = drive(store, g, fault_after=8, fault=kill_one_pod_of_three(g))
             store.close()
     finally:
         watch.stop()
@@ -200,3 +229,43 @@ def test_pods_killed_mid_run_lose_no_job_and_leak_nothing(
     assert outcomes["usage"] == 0
     assert g.core.list_namespaced_service(g.ns).items == []
     wait_for(lambda: g.pods() == [], "KWOK to delete the last pods Berth deleted")
+
+
+def kill_one_pod_of_three(g: KwokGang) -> Fault:
+    def kill(launches: dict[str, tuple[int, KubeLaunch]]) -> None:
+        for _, launch in sorted(launches.values(), key=lambda a: a[1].job_id)[:3]:
+            g.core.delete_namespaced_pod(launch.replicas[0].pod, g.ns, grace_period_seconds=0)
+
+    return kill
+
+
+def test_an_api_server_restart_mid_run_loses_no_job_and_leaks_nothing(tmp_path: Path) -> None:
+    """The same jobs, and once 8 gangs are launched the API server goes away for 3 s and comes
+    back (a crash or an upgrade). Polls meanwhile answer from the watch or say they cannot tell
+    (RuntimeUnavailable), launches that cannot be made end as lost (no retry used); the watch
+    lists again; every job succeeds in the end, the store holds no GPU, and what an interrupted
+    launch may have left is found and deleted by the orphan cleanup."""
+    (tmp_path / "api").mkdir()
+    with run_kube_api(tmp_path / "api") as kube:
+        ensure_priority_class(kube.admin)
+        watch = ClusterWatch(kube.admin, timeout_s=5, stale_s=20, max_pause_s=1.0)
+        watch.start()
+        assert watch.wait_synced(30)
+        restart = threading.Thread(target=kube.restart_server, args=(3.0,))
+        try:
+            with run_kwok(kube, tmp_path / "kwok", run_ms=1500, jitter_ms=1500):
+                g = KwokGang(kube, watch, nodes=4)
+                store = Store(f"sqlite:///{tmp_path}/berth.db", g.cluster, g.teams())
+                submit_jobs(store, g, 24)
+                outcomes = drive(store, g, fault_after=8, fault=lambda _: restart.start())
+                restart.join()
+                store.close()
+                leftovers = g.runtime.cleanup_orphans(set(), [g.ns])
+                wait_for(lambda: g.pods() == [], "KWOK to delete every pod")
+        finally:
+            watch.stop()
+        assert sorted(outcomes["succeeded"]) == sorted(f"f{i}" for i in range(24)), outcomes
+        assert outcomes["usage"] == 0
+        assert kube.core.list_namespaced_service(g.ns).items == []
+        assert watch.pods.lists >= 2, "the watch never listed again after the restart"
+        print(f"outcomes: {outcomes}; orphans deleted: {leftovers}")

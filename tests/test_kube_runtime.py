@@ -23,7 +23,7 @@ from kubeapi import KubeAPI, create_once, kube_api  # noqa: F401 (the session fi
 from kubelet_standin import MERGE_PATCH, KubeletStandin, make_node
 from kubernetes import client
 
-from berth.runtime.base import LaunchError, LogCursor
+from berth.runtime.base import LaunchError, LogCursor, RuntimeUnavailable
 from berth.runtime.kubernetes import (
     DEFAULT_TOLERATIONS,
     KubeLaunch,
@@ -488,7 +488,9 @@ def test_a_refused_pod_deletes_the_attempt(kube: KubeAPI) -> None:
 
 def test_a_connection_lost_mid_launch_leaves_no_half_gang(kube: KubeAPI) -> None:
     """The API server's connection breaks at rank 1's pod (urllib3 raises, not ApiException):
-    rank 0's pod and the Service must not stay behind holding GPUs the store gives again."""
+    rank 0's pod and the Service must not stay behind holding GPUs the store gives again, and
+    the launch says the API server was away (RuntimeUnavailable: the job runs again as a new
+    attempt without using a retry), not that the job failed."""
     g = Gang(kube)
     real = g.runtime.core.create_namespaced_pod
     calls: list[str] = []
@@ -500,7 +502,7 @@ def test_a_connection_lost_mid_launch_leaves_no_half_gang(kube: KubeAPI) -> None
         return real(namespace, body, **kw)
 
     g.runtime.core.create_namespaced_pod = flaky  # type: ignore[method-assign]
-    with pytest.raises(LaunchError, match=r"rank 1's pod failed.*ProtocolError"):
+    with pytest.raises(RuntimeUnavailable, match=r"rank 1's pod failed.*away.*ProtocolError"):
         g.launch()
     assert len(calls) == 2 and g.services() == []
     left = g.core.list_namespaced_pod(g.ns).items

@@ -14,9 +14,13 @@ from typing import Any
 import pytest
 import urllib3
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from ports import free_port
 from test_kube_runtime import Gang, ensure_priority_class
 from waiting import wait_for
 
+from berth.runtime import RuntimeUnavailable
 from berth.runtime.kubernetes import KubernetesRuntime
 from berth.runtime.kubernetes.pods import KubeLaunch
 from berth.runtime.kubernetes.watch import ClusterWatch, Informer
@@ -227,3 +231,34 @@ def test_the_first_waiter_starts_the_watch(kube_api: KubeAPI) -> None:  # noqa: 
         wait_for(lambda: w.pods.get(g.ns, launch.replicas[0].pod), "the watch to hold the pod")
     finally:
         w.stop()
+
+
+def test_an_api_server_that_cannot_answer_makes_a_poll_unknown_not_ended(
+    kube_api: KubeAPI,  # noqa: F811
+) -> None:
+    """No answer, 429 or 5xx: RuntimeUnavailable from a poll or a stop (the trigger asks
+    again later); a refusal such as 403 is an answer and is raised as it is."""
+    ensure_priority_class(kube_api.admin)
+    g = Gang(kube_api)
+    launch = g.launch()
+    nowhere = client.Configuration(host=f"https://127.0.0.1:{free_port()}")
+    away = KubernetesRuntime(client.ApiClient(nowhere), g.settings, clock=g.clock)
+    with pytest.raises(RuntimeUnavailable, match="cannot be told for now"):
+        away.poll(launch)
+    with pytest.raises(RuntimeUnavailable, match="could not be stopped"):
+        away.stop(launch)
+    busy = KubernetesRuntime(kube_api.admin, g.settings, clock=g.clock)
+
+    def answer(status: int) -> Any:
+        def read(*_: Any, **__: Any) -> Any:
+            raise ApiException(status=status, reason="as told")
+
+        return read
+
+    busy.core.read_namespaced_service = answer(503)  # type: ignore[method-assign]
+    with pytest.raises(RuntimeUnavailable, match="503"):
+        busy.poll(launch)
+    busy.core.read_namespaced_service = answer(403)  # type: ignore[method-assign]
+    with pytest.raises(ApiException):
+        busy.poll(launch)
+    assert g.runtime.poll(launch).state == "running"  # nothing was torn down meanwhile

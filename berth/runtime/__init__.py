@@ -16,6 +16,7 @@ from berth.runtime.base import (
     ReplicaHandle,
     ReplicaStatus,
     Runtime,
+    RuntimeUnavailable,
 )
 from berth.runtime.local import LocalLaunch, LocalReplica, LocalRuntime
 
@@ -31,4 +32,5 @@ __all__ = [
     "ReplicaHandle",
     "ReplicaStatus",
     "Runtime",
+    "RuntimeUnavailable",
 ]

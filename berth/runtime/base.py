@@ -52,6 +52,12 @@ class LaunchError(ValueError):
     """A launch was refused or failed; the message names the field or the cause and the fix."""
 
 
+class RuntimeUnavailable(RuntimeError):
+    """The runtime's backend (e.g. the API server) cannot answer for now: the attempt's state
+    is unknown, not ended, and nothing was decided. Ask again later; the replicas keep running
+    without it."""
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

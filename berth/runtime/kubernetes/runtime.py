@@ -22,14 +22,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path, PurePath
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from berth.runtime.base import Launch, LaunchError, LogCursor, check_launch
+from berth.runtime.base import Launch, LaunchError, LogCursor, RuntimeUnavailable, check_launch
 from berth.runtime.kubernetes import pods as manifests
 from berth.runtime.kubernetes import status as fate
 from berth.runtime.kubernetes.claims import AttemptClaims
@@ -59,6 +61,8 @@ from scheduling.cluster import Cluster
 from scheduling.jobs import Placement
 
 MERGE_PATCH = "application/merge-patch+json"
+# Answers that say "not now" rather than "no": a poll then knows nothing (RuntimeUnavailable).
+UNAVAILABLE = frozenset({429, 500, 502, 503, 504})
 
 
 class KubernetesRuntime:
@@ -120,7 +124,8 @@ class KubernetesRuntime:
         another claim holds is a `rejected` failure on the Service (requeued), nothing more.
 
         Raises LaunchError for bad input, an attempt launched before, or a refused object (what
-        was created is deleted first: no partial gangs).
+        was created is deleted first: no partial gangs); RuntimeUnavailable when the API server
+        is away (no answer, 429, 5xx): not the job's fault, launch it again as a new attempt.
         """
         check_launch(job_id, attempt, command, placement, cluster, env, extra_env, time_limit_s)
         _check_secrets(secrets or {}, {**env, **(extra_env or {})})
@@ -138,13 +143,14 @@ class KubernetesRuntime:
         namespace = self.namespace(team)
         checkpoints = self.settings.checkpoint_volume
         try:
-            data_claim = self.stager.data_claim(namespace, team) if mount_data else None
-            checkpoint_claim = None
-            if checkpoints is not None:
-                checkpoint_claim = self.stager.checked_claim(
-                    namespace, checkpoints.claim_for(team), "checkpoint_volume.claim",
-                    "the replicas of every attempt, on any node, write and read it",
-                )  # fmt: skip
+            with _unavailable_as("the team's volumes could not be read"):
+                data_claim = self.stager.data_claim(namespace, team) if mount_data else None
+                checkpoint_claim = None
+                if checkpoints is not None:
+                    checkpoint_claim = self.stager.checked_claim(
+                        namespace, checkpoints.claim_for(team), "checkpoint_volume.claim",
+                        "the replicas of every attempt, on any node, write and read it",
+                    )  # fmt: skip
         except ValueError as e:
             raise LaunchError(str(e)) from None
         launch = manifests.new_launch(
@@ -153,14 +159,21 @@ class KubernetesRuntime:
             data_claim=data_claim, shm_mib=shm_mib(shm_gb, memory_gb),
             checkpoint_claim=checkpoint_claim,
         )  # fmt: skip
-        plan = self.claims.plan(launch)
+        with _unavailable_as("the GPUs' devices could not be read"):
+            plan = self.claims.plan(launch)
         launch, service = plan.launch, launch.service
         body = manifests.service_manifest(launch)
         if plan.conflict is not None:
             body["metadata"]["annotations"][FAILURE] = json.dumps(plan.conflict)
         try:
             owner = self.core.create_namespaced_service(namespace, body)
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise RuntimeUnavailable(
+                f"the attempt's Service could not be created, the API server being away: {e}"
+            ) from None
         except ApiException as e:
+            if e.status in UNAVAILABLE:
+                raise RuntimeUnavailable(f"the attempt's Service: {api_problem(e)}") from None
             if e.status == 409:
                 raise LaunchError(
                     f"job {job_id!r} attempt {attempt} was launched before (Service "
@@ -196,10 +209,10 @@ class KubernetesRuntime:
                         f"; deleting the attempt failed too ({type(cleanup).__name__}), so "
                         f"delete Service {namespace}/{service} (it owns the pods and claims)"
                     )
-                raise LaunchError(
-                    f"rank {rep.rank}'s {what} {'was refused' if refused else 'failed'}, so "
-                    f"the attempt was deleted: {why}"
-                ) from None
+                told = f"rank {rep.rank}'s {what} {'was refused' if refused else 'failed'}"
+                if _unavailable(e):  # not the job's fault: run it again, as a new attempt
+                    raise RuntimeUnavailable(f"{told}, the API server being away: {why}") from None
+                raise LaunchError(f"{told}, so the attempt was deleted: {why}") from None
         return launch
 
     def launch_spec(
@@ -252,12 +265,20 @@ class KubernetesRuntime:
 
         With a fresh watch, a gang whose objects there say it is running is answered from
         memory; every other answer is read from the API server, so the watch can delay an
-        attempt's end (by its lag) but never decide it."""
+        attempt's end (by its lag) but never decide it. RuntimeUnavailable when the API server
+        cannot be reached or answers 429 or 5xx: nothing is known, ask again."""
         launch = _kube(launch)
         running = self._poll_watched(launch)
         if running is not None:
             return running
         self._seen.pop(_attempt_key(launch), None)
+        with _unavailable_as("the gang's state cannot be told for now"):
+            return self._poll_api(launch)
+
+    def _poll_api(self, launch: KubeLaunch) -> KubeGangStatus:
+        """`poll` from the API server. Each step is one a later poll, from any process, takes
+        up again (the failure is on the Service before any pod is deleted), so an API server
+        that goes away midway leaves nothing half decided."""
         owner, by_rank = self._service(launch), self._pods(launch)
         common = {"started_at": launch.launched_at, "time_limit_s": launch.time_limit_s}
         notes = (owner and owner.metadata.annotations) or {}
@@ -338,19 +359,21 @@ class KubernetesRuntime:
 
     def stop(self, launch: Launch, grace_s: float | None = None) -> None:
         """Delete the attempt's pods with a grace period (SIGTERM, then SIGKILL after
-        `grace_s`, default the settings': time to checkpoint), then its Service. Idempotent."""
+        `grace_s`, default the settings': time to checkpoint), then its Service. Idempotent;
+        RuntimeUnavailable when the API server is away (stop again later)."""
         launch = _kube(launch)
         self._seen.pop(_attempt_key(launch), None)
         grace = self.settings.grace_s if grace_s is None else grace_s
         body = {"metadata": {"annotations": {STOPPED: str(self.clock())}}}
-        try:
-            self.core.patch_namespaced_service(
-                launch.service, launch.namespace, body, _content_type=MERGE_PATCH
-            )
-        except ApiException as e:
-            if e.status != 404:
-                raise
-        self._delete(launch, grace, service=True)
+        with _unavailable_as("the attempt could not be stopped for now"):
+            try:
+                self.core.patch_namespaced_service(
+                    launch.service, launch.namespace, body, _content_type=MERGE_PATCH
+                )
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+            self._delete(launch, grace, service=True)
 
     def logs(self, launch: Launch, cursor: LogCursor | None = None) -> tuple[list[str], LogCursor]:
         """Complete new lines of every started rank's log since `cursor`, as `[rank i] line`;
@@ -512,6 +535,26 @@ class KubernetesRuntime:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+
+def _unavailable(e: BaseException) -> bool:
+    """An API server that is away or overloaded (no answer, 429, 5xx), not one that said no."""
+    if isinstance(e, ApiException):
+        return e.status in UNAVAILABLE
+    return isinstance(e, urllib3.exceptions.HTTPError | OSError)
+
+
+@contextmanager
+def _unavailable_as(what: str) -> Iterator[None]:
+    """Raise RuntimeUnavailable (saying `what`) for an API server that is away; anything else
+    as it is."""
+    try:
+        yield
+    except Exception as e:
+        if isinstance(e, RuntimeUnavailable) or not _unavailable(e):
+            raise
+        why = f"it answered {api_problem(e)}" if isinstance(e, ApiException) else str(e)
+        raise RuntimeUnavailable(f"{what}, the API server being away: {why}") from None
 
 
 def _attempt_key(launch: KubeLaunch) -> AttemptKey:

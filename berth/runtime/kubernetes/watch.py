@@ -212,14 +212,23 @@ class ClusterWatch:
     (the runtime may read Services only in team namespaces: docker/rbac/berth-runtime.yaml).
     `changed` lets a trigger wait until one of an attempt's objects changes."""
 
-    def __init__(self, api: client.ApiClient, *, timeout_s: int = 30, stale_s: float = 90.0):
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        timeout_s: int = 30,
+        stale_s: float = 90.0,
+        max_pause_s: float = 30.0,
+    ):
         self._core = client.CoreV1Api(api)
         self._lock = threading.Lock()
         self._generations: dict[Hashable, int] = {}
         self._live: dict[Hashable, int] = {}  # objects of each attempt: its entries go with them
         self._waiters: dict[Hashable, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
         self._nodes_generation = 0
-        self._kw: dict[str, Any] = {"timeout_s": timeout_s, "stale_s": stale_s}
+        self._kw: dict[str, Any] = {
+            "timeout_s": timeout_s, "stale_s": stale_s, "max_pause_s": max_pause_s,
+        }  # fmt: skip
         self._started = False
         self.pods = Informer(
             "pods", self._core.list_pod_for_all_namespaces, label_selector=BERTH_SELECTOR,
