@@ -1,6 +1,7 @@
 """Berth's gangs on nodes whose kubelet is KWOK (tests/kwok.py), not this process: pods start,
 run and end on their own time, and the runtime, reading its watch, follows them to the end; a
-replica that fails ends its gang with its code; Berth's teardown leaves nothing behind."""
+replica that fails ends its gang with its code; Berth's teardown leaves nothing behind. And
+faults with the store in the loop: pods killed mid-run, the API server restarted mid-run."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ from scheduling.quota import Team
 
 
 class KwokGang:
-    """Two KWOK nodes of 8 GPUs in a pool of their own, a team namespace, and a runtime that
-    reads a watch."""
+    """KWOK nodes of 8 GPUs (two unless told) in a pool of their own, a team namespace, and a
+    runtime that reads a watch."""
 
     def __init__(self, kube: KubeAPI, watch: ClusterWatch, nodes: int = 2) -> None:
         self.kube, self.core = kube, kube.core
