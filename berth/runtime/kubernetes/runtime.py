@@ -327,7 +327,7 @@ class KubernetesRuntime:
         by_rank = {}
         for rep in launch.replicas:
             pod = w.pods.get(launch.namespace, rep.pod)
-            if pod is None or _attempt_key(launch) != _labelled(pod):
+            if pod is None or _labelled(pod) != key:
                 return None
             by_rank[rep.rank] = pod
         alive = {r.node_name: w.nodes.get("", r.node_name) is not None for r in launch.replicas}
