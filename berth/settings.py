@@ -74,6 +74,9 @@ if TYPE_CHECKING:
     from berth.tracking import JobTracker
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# BERTH_LAUNCH_LEASE_S's default: long against a launch's longest pause (a renewal's round trip
+# to a busy store), short against the reaper's lease (berth/store/launch_claim.py).
+LAUNCH_LEASE_S = 60.0
 RUNTIMES = ("local", "kubernetes")
 # Where the artifacts' S3 copy goes, in the order that wins (the last two are boto3's own).
 S3_ENDPOINT_VARS = (
@@ -102,6 +105,10 @@ class BerthSettings:
     kube_settings_path: Path | None = None
     policy_path: Path | None = None
     access_path: Path | None = None  # who may use which team (berth/access.py)
+    # A launcher's claim on an attempt lapses this long after it last renewed it, so a job
+    # whose launcher died is launched again by another within about that long
+    # (berth/store/launch_claim.py).
+    launch_lease_s: float = LAUNCH_LEASE_S
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> BerthSettings:
@@ -135,6 +142,7 @@ class BerthSettings:
             else None,
             policy_path=Path(env["BERTH_POLICY_FILE"]) if env.get("BERTH_POLICY_FILE") else None,
             access_path=Path(env["BERTH_ACCESS"]) if env.get("BERTH_ACCESS") else None,
+            launch_lease_s=_launch_lease(env),
         )
 
     # Folders under BERTH_HOME, one per kind of thing the lifecycle keeps.
@@ -219,6 +227,23 @@ class BerthSettings:
 def settings() -> BerthSettings:
     """The settings of this process's environment."""
     return BerthSettings.from_env()
+
+
+def _launch_lease(env: Mapping[str, str]) -> float:
+    text = env.get("BERTH_LAUNCH_LEASE_S") or None
+    if text is None:
+        return LAUNCH_LEASE_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(
+            f"BERTH_LAUNCH_LEASE_S: must be a number of seconds above 0, got {text!r}; e.g. "
+            f"{LAUNCH_LEASE_S:g} (the default): longer than a launch's longest pause, short "
+            "enough that a dead launcher's job is launched again soon"
+        )
+    return seconds
 
 
 def _system_metrics_interval(env: Mapping[str, str]) -> float | None:

@@ -8,20 +8,29 @@ travels as plain data in a `LaunchPlan`, which the trigger's kwargs carry (store
 database: the spec, the replicas' platform variables and the task's identity; no store URL, no
 credential).
 
+One launcher at a time: a launch first claims the attempt in the store (berth/store/
+launch_claim.py), so a second triggerer running the same trigger, or a task racing its own
+trigger, waits (LaunchBusy) instead of starting a second gang on the same GPUs.
+
 A launcher that dies mid-launch (a killed triggerer) leaves an attempt that is admitted but not
-started. The next launcher of that attempt adopts its replicas when they all run, and otherwise
-stops what is left and sends the job back to the queue as lost (a new attempt, no retry used).
+started, and a claim that lapses `BERTH_LAUNCH_LEASE_S` after its last renewal. The next
+launcher of that attempt adopts its replicas when they all run, and otherwise stops what is
+left and sends the job back to the queue as lost (a new attempt, no retry used).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 from berth.runtime import RuntimeUnavailable
+from berth.settings import BerthSettings
 from berth.spec import JobSpec
+from berth.store import JobStateError
+from berth.store.launch_claim import LaunchClaimed, held_launch
 from operators.context import settings
 from operators.release import engine_placement
 from operators.tracking import TaskRef, open_attempt
@@ -36,6 +45,12 @@ class LaunchFailed(RuntimeError):
 class LaunchInterrupted(RuntimeError):
     """An earlier launcher died mid-launch (what it left was stopped), or the runtime could not
     launch for now (RuntimeUnavailable); the job was requeued, no retry used."""
+
+
+class LaunchBusy(LaunchInterrupted):
+    """Another launcher holds the attempt's launch, or started or ended it meanwhile: nothing
+    was done here. Look at the job again after a while (it runs once the holder started it;
+    a dead holder's claim lapses)."""
 
 
 @dataclass(frozen=True)
@@ -68,12 +83,26 @@ class Launched:
 def launch_attempt(plan: LaunchPlan, job_id: str, attempt: int) -> Launched:
     """Start the admitted `attempt` of the job on its placement and mark it started.
 
-    Raises LaunchFailed (the attempt ended as failed) or LaunchInterrupted (requeued)."""
+    Raises LaunchFailed (the attempt ended as failed), LaunchInterrupted (requeued) or
+    LaunchBusy (another launcher has it)."""
     s = settings()
+    store = s.store()
+    with ExitStack() as claimed:
+        try:
+            claimed.enter_context(held_launch(store, job_id, attempt, lease_s=s.launch_lease_s))
+        except LaunchClaimed as e:
+            raise LaunchBusy(str(e)) from None
+        except JobStateError as e:  # started, ended or requeued by someone else meanwhile
+            raise LaunchBusy(f"job {job_id} attempt {attempt}: not launched here: {e}") from None
+        return _launch(s, plan, job_id, attempt)
+
+
+def _launch(s: BerthSettings, plan: LaunchPlan, job_id: str, attempt: int) -> Launched:
+    """`launch_attempt` once the attempt's launch is this launcher's."""
     store, runtime, cluster = s.store(), s.runtime(), s.cluster()
     spec = JobSpec.model_validate(plan.spec)
     st = store.status(job_id)
-    left = runtime.reattach(job_id, attempt)
+    left = runtime.reattach(job_id, attempt, team=spec.team)
     if left is not None:  # an earlier launcher of this attempt died
         # A replica that never started counts as lost, so "running" means the whole gang.
         if runtime.poll(left).state == "running":

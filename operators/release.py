@@ -19,7 +19,7 @@ def release_job(job_id: str, why: str) -> str | None:
         return None
     if st.attempt and st.state in ("admitted", "running", "preempting"):
         runtime = s.runtime()
-        handle = runtime.reattach(job_id, st.attempt)
+        handle = runtime.reattach(job_id, st.attempt, team=st.team)
         if handle is not None:
             runtime.stop(handle)
     if not st.terminal:

@@ -249,7 +249,7 @@ class BerthRunOperator(BaseOperator):
 
     def _watch_again(self, context: Context, store: Any, st: JobStatus) -> Any:
         """The job runs but this task lost track of it (a restart): find the replicas again."""
-        launch = settings().runtime().reattach(st.id, st.attempt)
+        launch = settings().runtime().reattach(st.id, st.attempt, team=st.team)
         if launch is None:
             store.finish(st.id, "lost", message="replicas not found after a restart")
             self.log.warning("job %s attempt %d: replicas gone; queued again", st.id, st.attempt)
@@ -313,10 +313,10 @@ class BerthRunOperator(BaseOperator):
         attempt as preempted and queue again without using a retry."""
         s = settings()
         runtime = s.runtime()
-        handle = runtime.reattach(job_id, attempt)
+        spec = resolve_spec(self.spec, context)
+        handle = runtime.reattach(job_id, attempt, team=spec.team)
         if handle is not None:
             runtime.stop(handle)
-        spec = resolve_spec(self.spec, context)
         s.store().finish(job_id, "preempted", attempt=attempt, message="preempted by Berth")
         self.log.warning("job %s attempt %d %s; back in the queue", job_id, attempt, why)
         close_attempt(TaskRef.of(context), spec, s.store(), job_id, attempt, "preempted")

@@ -30,7 +30,13 @@ from berth.runtime.base import RuntimeUnavailable
 from berth.store import JobStateError, JobStatus, StaleAttemptError, UnknownJobError
 from berth.store.poller import CyclePoller
 from operators.context import settings
-from operators.launching import LaunchFailed, LaunchInterrupted, LaunchPlan, launch_attempt
+from operators.launching import (
+    LaunchBusy,
+    LaunchFailed,
+    LaunchInterrupted,
+    LaunchPlan,
+    launch_attempt,
+)
 from operators.release import release_job
 
 # A trigger that fires within seconds of its deferral can race Airflow 3.3's scheduler: the
@@ -107,6 +113,7 @@ class AdmissionTrigger(BaseTrigger):
         self, store: Any, poller: CyclePoller, started: float, said: list[str]
     ) -> AsyncIterator[TriggerEvent]:
         plan = LaunchPlan.from_dict(self.plan)
+        busy = ""  # what LaunchBusy said last, said once
         while True:
             waiting = poller.wait(
                 self.job_id, poll_s=self.poll_s, on_queued=lambda st: self._say(st, said)
@@ -124,6 +131,12 @@ class AdmissionTrigger(BaseTrigger):
                 return
             try:
                 launched = await asyncio.to_thread(launch_attempt, plan, self.job_id, st.attempt)
+            except LaunchBusy as e:  # another launcher has it: look again in a while
+                if busy != str(e):
+                    self.log.info("%s", e)
+                    busy = str(e)
+                await asyncio.sleep(self.poll_s)
+                continue
             except LaunchInterrupted as e:  # requeued: wait again
                 self.log.warning("%s", e)
                 continue

@@ -6,7 +6,10 @@ faults with the store in the loop: pods killed mid-run, the API server restarted
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +26,7 @@ from waiting import wait_for
 
 from berth.runtime import RuntimeUnavailable
 from berth.runtime.kubernetes import KubernetesRuntime, KubeSettings, discover_cluster
+from berth.runtime.kubernetes.live import LiveCluster
 from berth.runtime.kubernetes.pods import KubeLaunch
 from berth.runtime.kubernetes.watch import ClusterWatch
 from berth.spec import parse_spec
@@ -38,7 +42,7 @@ class KwokGang:
 
     def __init__(self, kube: KubeAPI, watch: ClusterWatch, nodes: int = 2) -> None:
         self.kube, self.core = kube, kube.core
-        pool = kube.unique_name("kwok")
+        pool = self.pool = kube.unique_name("kwok")
         self.nodes = [f"{pool}-{chr(ord('a') + i)}" for i in range(nodes)]
         for name in self.nodes:
             make_node(self.core, name, labels={"berth.io/pool": pool}, annotations={FAKE: "fake"})
@@ -84,12 +88,20 @@ Fault = Callable[[dict[str, tuple[int, KubeLaunch]]], None]
 
 
 def drive(
-    store: Store, g: KwokGang, *, fault_after: int, fault: Fault, timeout_s: float = 180
+    store: Store,
+    g: KwokGang,
+    *,
+    fault_after: int,
+    fault: Fault,
+    timeout_s: float = 180,
+    live: LiveCluster | None = None,
 ) -> dict[str, Any]:
     """Run the store's jobs to their ends as the run and completion tasks would: launch what a
     cycle admits (a launch the runtime cannot make for now ends as lost), poll each gang (one
     it cannot tell about for now is asked again), end it in the store as it ended (a requeue as
-    lost). `fault(live launches)` runs once `fault_after` gangs have been launched."""
+    lost). `fault(live launches)` runs once `fault_after` gangs have been launched. With
+    `live` (the store's cluster source), placements are read against the cluster as it is
+    now, as the run task reads them."""
     total = len(store.jobs())
     launches: dict[str, tuple[int, KubeLaunch]] = {}
     out: dict[str, Any] = {"succeeded": [], "lost": [], "interrupted": [], "unknown": 0}
@@ -100,15 +112,16 @@ def drive(
         assert time.monotonic() < deadline, f"not every job ended in {timeout_s} s: {out}"
         for job_id in store.schedule().admitted:
             st = store.status(job_id)
+            cluster = live().cluster if live is not None else g.cluster
             placement = Placement(
                 tuple(
-                    ReplicaPlacement(g.cluster.by_name[r.node].index, r.gpus, r.share)
+                    ReplicaPlacement(cluster.by_name[r.node].index, r.gpus, r.share)
                     for r in st.placement
                 ),
                 st.level or "cluster",
             )
             try:
-                launch = g.runtime.launch_spec(st.spec, job_id, st.attempt, placement, g.cluster)
+                launch = g.runtime.launch_spec(st.spec, job_id, st.attempt, placement, cluster)
             except RuntimeUnavailable as e:
                 store.finish(job_id, "lost", message=str(e), attempt=st.attempt)
                 out["interrupted"].append(job_id)
@@ -133,6 +146,7 @@ def drive(
             elif gang.disposition == "requeue":
                 store.finish(job_id, "lost", message=gang.message or "", attempt=attempt)
                 out["lost"].append(job_id)
+                out.setdefault("why", {})[job_id] = gang.message
             else:
                 raise AssertionError(f"{job_id}: {gang.state} {gang.message}")
             del launches[job_id]
@@ -270,3 +284,151 @@ def test_an_api_server_restart_mid_run_loses_no_job_and_leaks_nothing(tmp_path: 
         assert kube.core.list_namespaced_service(g.ns).items == []
         assert watch.pods.lists >= 2, "the watch never listed again after the restart"
         print(f"outcomes: {outcomes}; orphans deleted: {leftovers}")
+
+
+def test_a_node_removed_mid_run_loses_no_job_and_leaks_nothing(
+    kube_api: KubeAPI,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The same jobs on a store whose cluster is discovered (`LiveCluster`), and once 8 gangs
+    are launched a node is deleted (scaled down, or its VM gone). The gangs with a replica
+    there end as lost (requeued, no retry used), the store stops placing anything on it, and
+    they run again on the other three; every job succeeds, the store holds no GPU, and the
+    pods left bound to the gone node are deleted with their attempts."""
+    ensure_priority_class(kube_api.admin)
+    watch = ClusterWatch(kube_api.admin, timeout_s=5, stale_s=20)
+    watch.start()
+    assert watch.wait_synced(30)
+    gone: list[str] = []
+    try:
+        with run_kwok(kube_api, tmp_path / "kwok", run_ms=1500, jitter_ms=1500):
+            g = KwokGang(kube_api, watch, nodes=4)
+            live = LiveCluster(kube_api.admin, node_selector=f"berth.io/pool={g.pool}", ttl_s=0)
+            store = Store(f"sqlite:///{tmp_path}/berth.db", None, g.teams(), live=live)
+            submit_jobs(store, g, 24)
+
+            def remove_a_busy_node(launches: dict[str, tuple[int, KubeLaunch]]) -> None:
+                busy = sorted(r.node_name for _, la in launches.values() for r in la.replicas)
+                gone.append(busy[0])
+                g.core.delete_node(busy[0])
+
+            outcomes = drive(store, g, fault_after=8, fault=remove_a_busy_node, live=live)
+            placed_after = [
+                r.node for j in store.jobs() for r in store.status(j.id).placement
+            ]  # fmt: skip
+            store.close()
+            wait_for(lambda: g.pods() == [], "every pod deleted, those on the gone node too")
+    finally:
+        watch.stop()
+    assert sorted(outcomes["succeeded"]) == sorted(f"f{i}" for i in range(24)), outcomes
+    assert outcomes["lost"], "no gang had a replica on the removed node"
+    assert all("lost its node" in why for why in outcomes["why"].values()), outcomes["why"]
+    assert gone[0] not in placed_after  # each job's last placement avoids the gone node
+    assert outcomes["usage"] == 0
+    assert g.core.list_namespaced_service(g.ns).items == []
+    print(f"node {gone[0]} removed; gangs lost there and run again: {sorted(outcomes['lost'])}")
+
+
+@pytest.mark.parametrize("dies_after", ["service", "pod"])
+def test_a_launcher_killed_mid_launch_leaves_nothing_and_the_next_one_runs_the_job(
+    kube_api: KubeAPI,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    dies_after: str,
+) -> None:
+    """Two launchers on one store, as two triggerers would be: the first (another process,
+    tests/dying_launcher.py) is SIGKILLed mid-launch of a 2 x 4-GPU gang, right after its
+    Service or its first pod was created; the second runs the same trigger code
+    (`launch_attempt`) for the same admitted attempt, as the triggerer that takes the trigger
+    over does. It waits until the dead launcher's claim lapses, finds what the first left (by
+    the team's namespace: an attempt with a Service and no pod has nothing else to find it
+    by), stops it and ends the attempt as lost (requeued, no retry used); the next attempt
+    launches, runs on KWOK and succeeds. Nothing is left and no GPU is held. Before the
+    launcher passed the team, a Service with no pod was not found, the relaunch collided
+    with it and the job failed."""
+    from berth.settings import settings
+    from operators.launching import LaunchBusy, LaunchInterrupted, LaunchPlan, launch_attempt
+    from operators.tracking import TaskRef
+
+    ensure_priority_class(kube_api.admin)
+    with run_kwok(kube_api, tmp_path / "kwok", run_ms=1500, jitter_ms=1500):
+        watch = ClusterWatch(kube_api.admin, timeout_s=5, stale_s=20)  # the fixture's shape
+        g = KwokGang(kube_api, watch)
+        teams = tmp_path / "teams.yaml"
+        teams.write_text(f"teams:\n  - name: {g.team}\n    nominal: {{gpus: 16}}\n")
+        kube_yaml = tmp_path / "kube.yaml"
+        kube_yaml.write_text(
+            f"node_selector: berth.io/pool={g.pool}\npods: {{grace_s: 0, start_timeout_s: 60}}\n"
+        )
+        env = {
+            "BERTH_HOME": str(tmp_path / "berth"),
+            "BERTH_RUNTIME": "kubernetes",
+            "BERTH_TEAMS": str(teams),
+            "BERTH_KUBE_SETTINGS": str(kube_yaml),
+            "KUBECONFIG": str(kube_api.write_kubeconfig(tmp_path / "kubeconfig")),
+            "BERTH_LAUNCH_LEASE_S": "3",  # 60 s by default: how long a dead launcher holds on
+        }
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        for name in ("BERTH_STORE_URL", "BERTH_CLUSTER", "MLFLOW_TRACKING_URI"):
+            monkeypatch.delenv(name, raising=False)
+        store = settings().store()
+        spec = {
+            "name": "dies", "team": g.team, "image": "ghcr.io/org/train:1.0",
+            "command": ["python", "train.py"], "replicas": 2, "gpus_per_replica": 4,
+            "cpus_per_replica": 2, "memory_gb_per_replica": 8,
+        }  # fmt: skip
+        store.submit(parse_spec(spec), job_id="dies")
+        first = subprocess.run(
+            [sys.executable, str(REPO / "tests" / "dying_launcher.py"), "dies", dies_after],
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+        left = g.pods()
+        assert len(left) == (0 if dies_after == "service" else 1), [p.metadata.name for p in left]
+        assert len(g.core.list_namespaced_service(g.ns).items) == 1
+        st = store.status("dies")
+        assert (st.state, st.attempt) == ("admitted", 1)  # the store still thinks it launches
+
+        plan = LaunchPlan(st.spec.model_dump(mode="json"), {}, TaskRef("d", "r", "t", 1))
+        # The second launcher takes the trigger over: it waits while the dead one's claim is
+        # fresh (as its trigger would, looking again every poll), then cleans up and requeues.
+        with pytest.raises(LaunchBusy, match="is launching it"):
+            launch_attempt(plan, "dies", 1)
+
+        def take_over() -> LaunchInterrupted | None:
+            try:
+                launch_attempt(plan, "dies", 1)
+            except LaunchBusy:
+                return None
+            except LaunchInterrupted as e:
+                return e
+            raise AssertionError("attempt 1 was adopted: its gang never ran whole")
+
+        interrupted = wait_for(take_over, "the dead launcher's claim to lapse", 30, every=0.2)
+        assert "died mid-launch" in str(interrupted)
+        assert store.status("dies").state == "queued"
+        assert g.core.list_namespaced_service(g.ns).items == []  # what it left is deleted
+        store.schedule()
+        st = store.status("dies")
+        assert (st.state, st.attempt) == ("admitted", 2)
+        runtime = settings().runtime()
+        launch = runtime.launch_from_dict(launch_attempt(plan, "dies", 2).launch)
+        ended = wait_for(
+            lambda: (s := runtime.poll(launch)).state != "running" and s, "attempt 2 to end", 60
+        )
+        assert ended.state == "succeeded", ended
+        store.finish("dies", "succeeded", exit_code=0, attempt=2)
+        runtime.stop(launch)
+        wait_for(lambda: g.pods() == [], "KWOK to delete attempt 2's pods")
+    ends = [
+        (e.data["attempt"], e.data["outcome"], e.data["message"])
+        for e in store.events("dies")
+        if e.type in ("lost", "finish", "fail")
+    ]
+    assert ends == [(1, "lost", "the launcher died mid-launch"), (2, "succeeded", "")], ends
+    assert sum(u.gpus for u in store.usage().values()) == 0
+    assert g.core.list_namespaced_service(g.ns).items == []

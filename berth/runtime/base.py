@@ -190,8 +190,12 @@ class Runtime(Protocol):
         """Complete lines since `cursor`, each prefixed `[rank N] `, and the new cursor."""
         ...
 
-    def reattach(self, job_id: str, attempt: int) -> Launch | None:
-        """The handle of a launched attempt, from the runtime's own records; None if none."""
+    def reattach(self, job_id: str, attempt: int, *, team: str | None = None) -> Launch | None:
+        """The handle of a launched attempt, from the runtime's own records; None if none.
+
+        Pass the job's `team` where it is known: a runtime that keeps a team's attempts apart
+        (Kubernetes: the team's namespace) then finds an attempt whose launcher died before
+        it started any replica, which nothing else points to."""
         ...
 
     def launch_from_dict(self, data: Mapping[str, Any]) -> Launch:

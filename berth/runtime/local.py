@@ -219,8 +219,9 @@ class LocalRuntime:
 
     # ---- follow -------------------------------------------------------------------------
 
-    def reattach(self, job_id: str, attempt: int) -> LocalLaunch | None:
-        """The handle from the attempt's manifest on disk; None if never launched here."""
+    def reattach(self, job_id: str, attempt: int, *, team: str | None = None) -> LocalLaunch | None:
+        """The handle from the attempt's manifest on disk; None if never launched here.
+        `team` is not needed: an attempt's folder is named by job and attempt alone."""
         data = shim.read_json(self.attempt_dir(job_id, attempt) / "manifest.json")
         if data is None:
             return None

@@ -156,7 +156,9 @@ def _admit(conn: Connection, mirror: Mirror, result: CycleResult, now: float) ->
         conn.execute(
             update(jobs)
             .where(jobs.c.id == job_id)
-            .values(heartbeat_at=None, waits_for=waits, **values)
+            .values(
+                heartbeat_at=None, launcher=None, launch_renewed_at=None, waits_for=waits, **values
+            )
         )
         conn.execute(
             attempts.insert().values(

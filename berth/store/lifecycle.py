@@ -39,6 +39,8 @@ _CLEARED = {
     "admitted_at": None,
     "started_at": None,
     "heartbeat_at": None,
+    "launcher": None,
+    "launch_renewed_at": None,
     "waits_for": [],
     "reason_code": None,
     "reason_message": None,

@@ -97,6 +97,9 @@ jobs = Table(
     Column("admitted_at", Float),
     Column("started_at", Float),
     Column("heartbeat_at", Float),
+    # Who launches the admitted attempt, and when it last said so (launch_claim.py).
+    Column("launcher", String(128)),
+    Column("launch_renewed_at", Float),
     Column("finished_at", Float),
     Column("placement", Json),  # [{"node": name, "gpus": [indices], "share": milli}]
     Column("level", String(32)),

@@ -38,7 +38,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select, update
 
 from berth.spec import JobSpec, check_spec
-from berth.store import etas, lifecycle
+from berth.store import etas, launch_claim, lifecycle
 from berth.store.audit import read_events
 from berth.store.database import connect, create_schema, locked, reading
 from berth.store.etas import StoredEta
@@ -243,6 +243,26 @@ class Store:
                 )
             lifecycle.start(conn, row, now)
             return status_from_row(_get(conn, job_id))
+
+    def claim_launch(
+        self,
+        job_id: str,
+        attempt: int,
+        holder: str,
+        *,
+        lease_s: float,
+        now: float | None = None,
+    ) -> str | None:
+        """Claim, or renew, the launch of the admitted `attempt` for `holder` (launch_claim.py:
+        one launcher at a time). None if it is `holder`'s now; else the other launcher, whose
+        claim was renewed within `lease_s`. Raises JobStateError once the job is no longer
+        admitted (StaleAttemptError for another attempt)."""
+        now = _now(now)
+        with locked(self.engine) as conn:
+            row = _get(conn, job_id)
+            lifecycle.check_attempt(row, attempt)
+            lifecycle.require(row, (ADMITTED,), "claim_launch")
+            return launch_claim.claim(conn, row, holder, now, lease_s)
 
     def heartbeat(
         self, job_id: str, *, attempt: int | None = None, now: float | None = None
