@@ -302,6 +302,7 @@ def test_the_helm_values_set_what_the_chart_reads() -> None:
     values = yaml.safe_load(VALUES.read_text())
     assert values["executor"] == "KubernetesExecutor"
     assert values["triggerer"]["enabled"] is True
+    assert values["triggerer"]["replicas"] >= 2  # one may die: the other takes its triggers
     # The chart writes `podTemplate` verbatim into its ConfigMap; it comes from --set-file.
     assert "podTemplate" in values
     sa = rbac_service_account()
