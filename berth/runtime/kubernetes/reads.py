@@ -1,14 +1,23 @@
-"""Reading an object that may be gone: a person, a garbage collector or another poller may
-delete Berth's objects at any time, and a 404 then is an answer, not an error."""
+"""What the API server's answers mean. Reading an object that may be gone: a person, a garbage
+collector or another poller may delete Berth's objects at any time, and a 404 then is an answer,
+not an error. An API server that is away or overloaded (no answer, 429, 5xx) says "not now",
+not "no": the runtime then raises RuntimeUnavailable and the caller asks again."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from berth.runtime.base import RuntimeUnavailable
+from berth.runtime.kubernetes.status import api_problem
+
 T = TypeVar("T")
+# Answers that say "not now" rather than "no": a poll then knows nothing (RuntimeUnavailable).
+UNAVAILABLE = frozenset({429, 500, 502, 503, 504})
 
 
 def read_or_none(read: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
@@ -20,3 +29,23 @@ def read_or_none(read: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
         if e.status == 404:
             return None
         raise
+
+
+def unavailable(e: BaseException) -> bool:
+    """An API server that is away or overloaded (no answer, 429, 5xx), not one that said no."""
+    if isinstance(e, ApiException):
+        return e.status in UNAVAILABLE
+    return isinstance(e, urllib3.exceptions.HTTPError | OSError)
+
+
+@contextmanager
+def unavailable_as(what: str) -> Iterator[None]:
+    """Raise RuntimeUnavailable (saying `what`) for an API server that is away; anything else
+    as it is."""
+    try:
+        yield
+    except Exception as e:
+        if isinstance(e, RuntimeUnavailable) or not unavailable(e):
+            raise
+        why = f"it answered {api_problem(e)}" if isinstance(e, ApiException) else str(e)
+        raise RuntimeUnavailable(f"{what}, the API server being away: {why}") from None

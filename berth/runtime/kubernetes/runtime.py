@@ -22,8 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -32,23 +31,20 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from berth.runtime.base import Launch, LaunchError, LogCursor, RuntimeUnavailable, check_launch
+from berth.runtime.kubernetes import orphans, watched
 from berth.runtime.kubernetes import pods as manifests
 from berth.runtime.kubernetes import status as fate
 from berth.runtime.kubernetes.claims import AttemptClaims
-from berth.runtime.kubernetes.inventory import BERTH, MANAGED_BY
 from berth.runtime.kubernetes.pod_logs import LogsUnavailable as LogsUnavailable
 from berth.runtime.kubernetes.pod_logs import gang_lines
 from berth.runtime.kubernetes.pods import (
-    ATTEMPT,
     FAILURE,
-    JOB,
     JOB_ID,
     LAUNCH,
     STOPPED,
     KubeLaunch,
-    label_value,
 )
-from berth.runtime.kubernetes.reads import read_or_none
+from berth.runtime.kubernetes.reads import UNAVAILABLE, read_or_none, unavailable, unavailable_as
 from berth.runtime.kubernetes.staging import Stager
 from berth.runtime.kubernetes.status import KubeGangStatus, api_problem, failure_record
 from berth.runtime.kubernetes.training import shm_mib
@@ -61,8 +57,6 @@ from scheduling.cluster import Cluster
 from scheduling.jobs import Placement
 
 MERGE_PATCH = "application/merge-patch+json"
-# Answers that say "not now" rather than "no": a poll then knows nothing (RuntimeUnavailable).
-UNAVAILABLE = frozenset({429, 500, 502, 503, 504})
 
 
 class KubernetesRuntime:
@@ -143,7 +137,7 @@ class KubernetesRuntime:
         namespace = self.namespace(team)
         checkpoints = self.settings.checkpoint_volume
         try:
-            with _unavailable_as("the team's volumes could not be read"):
+            with unavailable_as("the team's volumes could not be read"):
                 data_claim = self.stager.data_claim(namespace, team) if mount_data else None
                 checkpoint_claim = None
                 if checkpoints is not None:
@@ -159,7 +153,7 @@ class KubernetesRuntime:
             data_claim=data_claim, shm_mib=shm_mib(shm_gb, memory_gb),
             checkpoint_claim=checkpoint_claim,
         )  # fmt: skip
-        with _unavailable_as("the GPUs' devices could not be read"):
+        with unavailable_as("the GPUs' devices could not be read"):
             plan = self.claims.plan(launch)
         launch, service = plan.launch, launch.service
         body = manifests.service_manifest(launch)
@@ -210,7 +204,7 @@ class KubernetesRuntime:
                         f"delete Service {namespace}/{service} (it owns the pods and claims)"
                     )
                 told = f"rank {rep.rank}'s {what} {'was refused' if refused else 'failed'}"
-                if _unavailable(e):  # not the job's fault: run it again, as a new attempt
+                if unavailable(e):  # not the job's fault: run it again, as a new attempt
                     raise RuntimeUnavailable(f"{told}, the API server being away: {why}") from None
                 raise LaunchError(f"{told}, so the attempt was deleted: {why}") from None
         return launch
@@ -268,11 +262,13 @@ class KubernetesRuntime:
         attempt's end (by its lag) but never decide it. RuntimeUnavailable when the API server
         cannot be reached or answers 429 or 5xx: nothing is known, ask again."""
         launch = _kube(launch)
-        running = self._poll_watched(launch)
+        running, seen = watched.running_gang(self.watch, launch, self.clock())
+        key = watched.attempt_key(launch)
         if running is not None:
+            self._seen[key] = seen  # what `changed` waits to move past
             return running
-        self._seen.pop(_attempt_key(launch), None)
-        with _unavailable_as("the gang's state cannot be told for now"):
+        self._seen.pop(key, None)
+        with unavailable_as("the gang's state cannot be told for now"):
             return self._poll_api(launch)
 
     def _poll_api(self, launch: KubeLaunch) -> KubeGangStatus:
@@ -286,7 +282,7 @@ class KubernetesRuntime:
             if any(p.metadata.deletion_timestamp is None and _running(p) for p in by_rank.values()):
                 self._delete(launch, self.settings.grace_s, by_rank=by_rank, only_running=True)
                 by_rank = self._pods(launch)
-            replicas = _statuses(launch, by_rank, ending=True)
+            replicas = fate.gang_statuses(launch, by_rank, ending=True)
             if FAILURE in notes:
                 record = json.loads(notes[FAILURE])
                 return KubeGangStatus(state="failed", replicas=replicas, **common, **record)
@@ -298,47 +294,11 @@ class KubernetesRuntime:
             record = self._record_failure(launch, owner, failure_record(failures))
             self._delete(launch, self.settings.grace_s, by_rank=by_rank, only_running=True)
             by_rank = self._pods(launch)
-            replicas = _statuses(launch, by_rank, ending=True)
+            replicas = fate.gang_statuses(launch, by_rank, ending=True)
             return KubeGangStatus(state="failed", replicas=replicas, **common, **record)
-        replicas = _statuses(launch, by_rank, ending=False)
+        replicas = fate.gang_statuses(launch, by_rank, ending=False)
         done = all(s.state == "exited" and s.exit_code == 0 for s in replicas)
         return KubeGangStatus(state="succeeded" if done else "running", replicas=replicas, **common)
-
-    def _poll_watched(self, launch: KubeLaunch) -> KubeGangStatus | None:
-        """The gang's "running" status from the watch, or None when the watch is stale or
-        tells anything else (a missing object, a failure, a deadline, success)."""
-        w = self.watch
-        if w is None or not w.fresh():
-            return None
-        key = _attempt_key(launch)
-        seen = w.generation(key)  # read first: a change after it wakes `changed`
-        services = w.services(launch.namespace)
-        if not services.fresh():
-            return None  # its namespace's watch is starting, or broke
-        owner = services.get(launch.namespace, launch.service)
-        notes = (owner and owner.metadata.annotations) or {}
-        if (
-            owner is None
-            or STOPPED in notes
-            or FAILURE in notes
-            or notes.get(JOB_ID) != launch.job_id
-        ):
-            return None
-        by_rank = {}
-        for rep in launch.replicas:
-            pod = w.pods.get(launch.namespace, rep.pod)
-            if pod is None or _labelled(pod) != key:
-                return None
-            by_rank[rep.rank] = pod
-        alive = {r.node_name: w.nodes.get("", r.node_name) is not None for r in launch.replicas}
-        if not all(alive.values()) or fate.gang_failures(launch, by_rank, alive, self.clock()):
-            return None
-        replicas = _statuses(launch, by_rank, ending=False)
-        if all(s.state == "exited" and s.exit_code == 0 for s in replicas):
-            return None  # success too is read from the API server
-        self._seen[key] = seen
-        common = {"started_at": launch.launched_at, "time_limit_s": launch.time_limit_s}
-        return KubeGangStatus(state="running", replicas=replicas, **common)
 
     async def changed(self, launch: Launch, timeout_s: float) -> None:
         """Return when one of the attempt's objects has changed since the last `poll` read
@@ -346,7 +306,7 @@ class KubernetesRuntime:
         fresh watch, or after a poll that read the API server: after `timeout_s`. Starts the
         watch if it is not yet."""
         launch = _kube(launch)
-        key = _attempt_key(launch)
+        key = watched.attempt_key(launch)
         since = self._seen.pop(key, None)
         if self.watch is not None and not self.watch.started:
             # The first waiter starts the process's watch: a process that only launches (a
@@ -362,10 +322,10 @@ class KubernetesRuntime:
         `grace_s`, default the settings': time to checkpoint), then its Service. Idempotent;
         RuntimeUnavailable when the API server is away (stop again later)."""
         launch = _kube(launch)
-        self._seen.pop(_attempt_key(launch), None)
+        self._seen.pop(watched.attempt_key(launch), None)
         grace = self.settings.grace_s if grace_s is None else grace_s
         body = {"metadata": {"annotations": {STOPPED: str(self.clock())}}}
-        with _unavailable_as("the attempt could not be stopped for now"):
+        with unavailable_as("the attempt could not be stopped for now"):
             try:
                 self.core.patch_namespaced_service(
                     launch.service, launch.namespace, body, _content_type=MERGE_PATCH
@@ -379,7 +339,7 @@ class KubernetesRuntime:
         """Complete new lines of every started rank's log since `cursor`, as `[rank i] line`;
         raises LogsUnavailable when the API server cannot read one (`pod_logs.py`)."""
         launch = _kube(launch)
-        return gang_lines(self.core, launch, self._pods_watched(launch), cursor)
+        return gang_lines(self.core, launch, self._pods_seen(launch), cursor)
 
     def reattach(self, job_id: str, attempt: int, *, team: str | None = None) -> KubeLaunch | None:
         """The handle of a launched attempt from its Service's record; None if none. Without
@@ -421,33 +381,12 @@ class KubernetesRuntime:
         orphan. None for `namespaces`: every namespace where Berth's pods are found
         (cluster-wide); a Service whose pods are all gone is then missed, so pass the teams'
         namespaces when they are known."""
-        berth = f"{MANAGED_BY}={BERTH},{manifests.JOB},{manifests.ATTEMPT}"
-        found = self.core.list_pod_for_all_namespaces(label_selector=berth).items
-        scope = {p.metadata.namespace for p in found} if namespaces is None else set(namespaces)
-        services = [
-            svc
-            for ns in sorted(scope)
-            for svc in self.core.list_namespaced_service(ns, label_selector=berth).items
-        ]
-        now = self.clock()
-        recent = {
-            manifests.attempt_key(obj)
-            for obj in (*found, *services)
-            if keep_s > 0 and now - _last_activity(obj) < keep_s
-        }
-        spare = set(known_live) | recent
-        deleted: list[str] = []
-        for pod in found:
-            ns, name = pod.metadata.namespace, pod.metadata.name
-            if ns in scope and manifests.attempt_key(pod) not in spare:
-                self._delete_one("pod", ns, name, self.settings.grace_s)
-                deleted.append(f"{ns}/pod/{name}")
-        for svc in services:
-            if manifests.attempt_key(svc) not in spare:
-                ns = svc.metadata.namespace
-                self._delete_one("service", ns, svc.metadata.name)
-                deleted.append(f"{ns}/service/{svc.metadata.name}")
-        return deleted + self.claims.orphans(scope, spare, berth)
+        return orphans.sweep(
+            self.core, self.claims, known_live, namespaces, keep_s=keep_s, now=self.clock(),
+            delete=lambda kind, ns, name: self._delete_one(
+                kind, ns, name, self.settings.grace_s if kind == "pod" else 0
+            ),
+        )  # fmt: skip
 
     # ---- helpers ------------------------------------------------------------------------
 
@@ -462,15 +401,10 @@ class KubernetesRuntime:
         names = {r.pod: r.rank for r in launch.replicas}
         return {names[p.metadata.name]: p for p in found.items if p.metadata.name in names}
 
-    def _pods_watched(self, launch: KubeLaunch) -> dict[int, Any]:
+    def _pods_seen(self, launch: KubeLaunch) -> dict[int, Any]:
         """`_pods` from a fresh watch when it holds every replica, else from the API server."""
-        w = self.watch
-        if w is not None and w.fresh():
-            key = _attempt_key(launch)
-            found = {r.rank: w.pods.get(launch.namespace, r.pod) for r in launch.replicas}
-            if all(p is not None and _labelled(p) == key for p in found.values()):
-                return found
-        return self._pods(launch)
+        found = watched.pods(self.watch, launch)
+        return found if found is not None else self._pods(launch)
 
     def _nodes_alive(self, launch: KubeLaunch, by_rank: Mapping[int, Any]) -> dict[str, bool]:
         """Whether each node of the gang still exists (asked only where a pod may need it)."""
@@ -537,36 +471,6 @@ class KubernetesRuntime:
                 raise
 
 
-def _unavailable(e: BaseException) -> bool:
-    """An API server that is away or overloaded (no answer, 429, 5xx), not one that said no."""
-    if isinstance(e, ApiException):
-        return e.status in UNAVAILABLE
-    return isinstance(e, urllib3.exceptions.HTTPError | OSError)
-
-
-@contextmanager
-def _unavailable_as(what: str) -> Iterator[None]:
-    """Raise RuntimeUnavailable (saying `what`) for an API server that is away; anything else
-    as it is."""
-    try:
-        yield
-    except Exception as e:
-        if isinstance(e, RuntimeUnavailable) or not _unavailable(e):
-            raise
-        why = f"it answered {api_problem(e)}" if isinstance(e, ApiException) else str(e)
-        raise RuntimeUnavailable(f"{what}, the API server being away: {why}") from None
-
-
-def _attempt_key(launch: KubeLaunch) -> AttemptKey:
-    """The attempt's objects' key in the watch (watch.attempt_of): namespace and labels."""
-    return launch.namespace, label_value(launch.job_id), str(launch.attempt)
-
-
-def _labelled(pod: Any) -> AttemptKey:
-    labels = pod.metadata.labels or {}
-    return pod.metadata.namespace or "", labels.get(JOB, ""), labels.get(ATTEMPT, "")
-
-
 def _kube(launch: Launch) -> KubeLaunch:
     if not isinstance(launch, KubeLaunch):
         raise LaunchError(
@@ -576,26 +480,8 @@ def _kube(launch: Launch) -> KubeLaunch:
     return launch
 
 
-def _statuses(
-    launch: KubeLaunch, by_rank: Mapping[int, Any], *, ending: bool
-) -> tuple[fate.KubeReplicaStatus, ...]:
-    return tuple(fate.replica_status(r, by_rank.get(r.rank), ending) for r in launch.replicas)
-
-
 def _running(pod: Any) -> bool:
     return pod.status.phase in ("Pending", "Running")
-
-
-def _last_activity(obj: Any) -> float:
-    """When a pod or Service last changed in a way that matters for keeping it: its creation,
-    or the latest end of one of its containers (epoch seconds)."""
-    times = [obj.metadata.creation_timestamp.timestamp()]
-    status = getattr(obj, "status", None)
-    for c in getattr(status, "container_statuses", None) or ():
-        ended = c.state and c.state.terminated and c.state.terminated.finished_at
-        if ended:
-            times.append(ended.timestamp())
-    return max(times)
 
 
 def _check_secrets(secrets: Mapping[str, str], env: Mapping[str, str]) -> None:

@@ -363,3 +363,9 @@ def api_problem(e: Exception) -> str:
         return str(json.loads(e.body)["message"])  # type: ignore[attr-defined]
     except (AttributeError, TypeError, ValueError, KeyError):
         return f"HTTP {getattr(e, 'status', '?')} {getattr(e, 'reason', e)}"
+
+
+def gang_statuses(
+    launch: KubeLaunch, by_rank: Mapping[int, Any], *, ending: bool
+) -> tuple[KubeReplicaStatus, ...]:
+    return tuple(replica_status(r, by_rank.get(r.rank), ending) for r in launch.replicas)

@@ -1,0 +1,80 @@
+"""What a poll may read from the process's watch (watch.py) instead of the API server.
+
+Only "still running" is answered from memory (decision 0020): when the watch is fresh and its
+objects say the gang runs (the Service present without a failure or a stop, every replica's
+pod present with the attempt's labels, every node present, no failure, deadline or start
+timeout, not every replica done). Anything else is None here, and the runtime reads it from the
+API server, so a late watch delays an attempt's end and never decides it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from berth.runtime.kubernetes import status as fate
+from berth.runtime.kubernetes.pods import (
+    ATTEMPT,
+    FAILURE,
+    JOB,
+    JOB_ID,
+    STOPPED,
+    KubeLaunch,
+    label_value,
+)
+from berth.runtime.kubernetes.status import KubeGangStatus
+from berth.runtime.kubernetes.watch import AttemptKey, ClusterWatch
+
+
+def attempt_key(launch: KubeLaunch) -> AttemptKey:
+    """The attempt's objects' key in the watch (watch.attempt_of): namespace and labels."""
+    return launch.namespace, label_value(launch.job_id), str(launch.attempt)
+
+
+def labelled(pod: Any) -> AttemptKey:
+    labels = pod.metadata.labels or {}
+    return pod.metadata.namespace or "", labels.get(JOB, ""), labels.get(ATTEMPT, "")
+
+
+def running_gang(
+    watch: ClusterWatch | None, launch: KubeLaunch, now: float
+) -> tuple[KubeGangStatus | None, int]:
+    """The gang's "running" status from the watch, and the attempt's generation it was read
+    at (what a waiter waits to move past); (None, 0) when there is no fresh watch or it tells
+    anything else (a missing object, a failure, a deadline, success)."""
+    w = watch
+    if w is None or not w.fresh():
+        return None, 0
+    key = attempt_key(launch)
+    seen = w.generation(key)  # read first: a change after it wakes `changed`
+    services = w.services(launch.namespace)
+    if not services.fresh():
+        return None, 0  # its namespace's watch is starting, or broke
+    owner = services.get(launch.namespace, launch.service)
+    notes = (owner and owner.metadata.annotations) or {}
+    if owner is None or STOPPED in notes or FAILURE in notes or notes.get(JOB_ID) != launch.job_id:
+        return None, 0
+    by_rank = {}
+    for rep in launch.replicas:
+        pod = w.pods.get(launch.namespace, rep.pod)
+        if pod is None or labelled(pod) != key:
+            return None, 0
+        by_rank[rep.rank] = pod
+    alive = {r.node_name: w.nodes.get("", r.node_name) is not None for r in launch.replicas}
+    if not all(alive.values()) or fate.gang_failures(launch, by_rank, alive, now):
+        return None, 0
+    replicas = fate.gang_statuses(launch, by_rank, ending=False)
+    if all(s.state == "exited" and s.exit_code == 0 for s in replicas):
+        return None, 0  # success too is read from the API server
+    common = {"started_at": launch.launched_at, "time_limit_s": launch.time_limit_s}
+    return KubeGangStatus(state="running", replicas=replicas, **common), seen
+
+
+def pods(watch: ClusterWatch | None, launch: KubeLaunch) -> dict[int, Any] | None:
+    """The attempt's pods by rank from a fresh watch that holds every replica; else None."""
+    if watch is None or not watch.fresh():
+        return None
+    key = attempt_key(launch)
+    found = {r.rank: watch.pods.get(launch.namespace, r.pod) for r in launch.replicas}
+    if all(p is not None and labelled(p) == key for p in found.values()):
+        return found
+    return None
