@@ -141,6 +141,9 @@ def run(
         )
         launches: dict[str, Any] = {}
         polled: dict[str, float] = {}  # job -> when its gang was last polled
+        asked: dict[str, tuple[float, float]] = {}  # job -> (submitted, admitted), epoch s
+        running_at: dict[str, float] = {}  # job -> when its last pod started running
+        to_running: list[tuple[float, float]] = []  # per gang: from each to all pods Running
         t_cycles = t_launch = t_kubelet = t_poll = t_stop = 0.0
         pods = admitted = finished = polls = 0
         last_log = started = time.perf_counter()
@@ -166,6 +169,7 @@ def run(
             )
             for (job_id, st, _), launch in zip(todo, made, strict=True):
                 launches[job_id] = launch
+                asked[job_id] = (st.submitted_at, st.admitted_at or 0.0)
                 polled[job_id] = time.perf_counter()  # its trigger's first poll is poll_s on
                 pods += st.spec.replicas
                 store.mark_started(job_id, st.attempt)
@@ -188,6 +192,10 @@ def run(
             for (job_id, launch), gang in zip(due, gangs, strict=True):
                 polled[job_id] = now
                 if gang.state == "running":
+                    if job_id not in running_at:  # an ended pod's status has no startTime
+                        at = _all_running_at(watcher, launch)
+                        if at is not None:
+                            running_at[job_id] = at
                     continue
                 if gang.state != "succeeded":
                     raise RuntimeError(f"{job_id}: {gang.state} {gang.message}")
@@ -196,6 +204,9 @@ def run(
             list(pool.map(lambda item: runtime.stop(item[1]), ended))  # Services and pods go
             t_stop += time.perf_counter() - t0
             for job_id, _ in ended:
+                if job_id in running_at:
+                    at, (submitted_at, admitted_at) = running_at.pop(job_id), asked[job_id]
+                    to_running.append((at - submitted_at, at - admitted_at))
                 store.finish(job_id, "succeeded", exit_code=0)
                 del launches[job_id], polled[job_id]
                 finished += 1
@@ -234,7 +245,39 @@ def run(
         "polls_per_s": round(polls / t_poll, 1) if t_poll else None,
         "stop_s": round(t_stop, 2),
         "kubelet_standin_s": round(t_kubelet, 2),  # the stand-in's own requests, in the wall
+        # From submission (every job is submitted at the start: mostly the queue) and from
+        # admission (the launch) to the gang's last pod Running, by the pods' startTime
+        # (whole seconds) as the first poll that finds the gang running reads it from the
+        # watch; so only with --watch on and KWOK, and only gangs polled while running.
+        "submit_to_running_s": _quantiles([a for a, _ in to_running]),
+        "admit_to_running_s": _quantiles([b for _, b in to_running]),
     }
+
+
+def _all_running_at(watcher: ClusterWatch | None, launch: Any) -> float | None:
+    """When the gang's last pod started running (epoch s, whole seconds), from the watch's
+    copy of its pods; None without a watch or a start time (the stand-in kubelet sets none)."""
+    if watcher is None:
+        return None
+    starts = []
+    for rep in launch.replicas:
+        pod = watcher.pods.get(launch.namespace, rep.pod)
+        started = pod and pod.status and pod.status.start_time
+        if not started:
+            return None
+        starts.append(started.timestamp())
+    return max(starts)
+
+
+def _quantiles(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    return {"median": at(0.5), "p90": at(0.9), "p99": at(0.99), "gangs": len(ordered)}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -292,9 +335,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ("seconds in polls", "poll_s_total"),
         ("seconds in teardowns", "stop_s"),
         ("seconds in the stand-in kubelet", "kubelet_standin_s"),
+        ("submission to all pods Running, s (median, p90, p99)", "submit_to_running_s"),
+        ("admission to all pods Running, s (median, p90, p99)", "admit_to_running_s"),
     )
     for label, key in rows:
-        table.add_row(label, str(result[key]))
+        value = result[key]
+        if isinstance(value, dict):
+            value = " / ".join(str(value[q]) for q in ("median", "p90", "p99"))
+        table.add_row(label, str(value))
     Console().print(table)
     return report
 
