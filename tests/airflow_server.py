@@ -7,6 +7,12 @@ passwords file), configured as scripts/airflow.sh configures them, but each as i
 group: `kill("triggerer")` SIGKILLs one whole component (the supervisor and its runner) and
 `start("triggerer")` brings up a fresh one, while the others keep running.
 
+A component may also run as several named instances at once, each its own group and log, with
+variables of its own if need be: `start("triggerer", instance="b", env={...})` runs a second
+triggerer, `kill("triggerer#b")` kills that one alone, and `instance_of(pid)` says which
+instance a process belongs to. An instance killed or stopped on purpose is no longer expected
+alive (`assert_alive()` checks every other one).
+
 Everything lives under one temp folder (AIRFLOW_HOME, the component logs); `stop()` ends every
 group it started, also after a failed test (use it in a fixture's finalizer), and the logs'
 tails go into assertion messages so a failure says what the components saw.
@@ -19,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -38,6 +45,7 @@ COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 # What /api/v2/monitor/health calls each component.
 HEALTH_KEYS = {"scheduler": "scheduler", "dag-processor": "dag_processor", "triggerer": "triggerer"}
 USER = "admin"
+INSTANCE = re.compile(r"[A-Za-z0-9_-]+")  # part of a log file's name
 
 
 class AirflowAPI:
@@ -120,6 +128,7 @@ class AirflowDeployment:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.password = secrets.token_urlsafe(12)
+        # By instance name ("triggerer", "triggerer#b"): those expected alive.
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.started: list[subprocess.Popen[bytes]] = []  # every group ever started, to stop
         self._generation: dict[str, int] = {}
@@ -175,28 +184,38 @@ class AirflowDeployment:
         )
         assert done.returncode == 0, f"airflow db migrate failed:\n{done.stderr[-3000:]}"
 
-    def start(self, component: str) -> subprocess.Popen[bytes]:
-        """Start one component in its own process group; its log goes to `logs/`."""
+    def start(
+        self, component: str, instance: str | None = None, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start one component in its own process group; its log goes to
+        `logs/<name>-<n>.log` (n counts the starts of that name).
+
+        :param instance: names one of several instances of the component running at once
+            (`"b"`: the instance `triggerer#b`); without it, the component's unnamed one.
+        :param env: more variables for this instance alone (on top of the deployment's)."""
         if component not in COMPONENTS:
             raise ValueError(f"component: one of {', '.join(COMPONENTS)}, got {component!r}")
-        running = self.procs.get(component)
+        if instance is not None and not INSTANCE.fullmatch(instance):
+            raise ValueError(f"instance: letters, digits, '_' or '-', got {instance!r}")
+        name = component if instance is None else f"{component}#{instance}"
+        running = self.procs.get(name)
         if running is not None and running.poll() is None:
-            raise RuntimeError(f"{component} is already running (pid {running.pid})")
-        n = self._generation[component] = self._generation.get(component, 0) + 1
+            raise RuntimeError(f"{name} is already running (pid {running.pid})")
+        n = self._generation[name] = self._generation.get(name, 0) + 1
         args = [str(AIRFLOW), component]
         if component == "api-server":
             args += ["--port", str(self.port)]
-        with open(self.logs / f"{component}-{n}.log", "wb") as log:
+        with open(self.logs / f"{name}-{n}.log", "wb") as log:
             proc = subprocess.Popen(
                 args,
-                env=self.env,
+                env=self.env | dict(env or {}),
                 cwd=self.root,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its workers and runners in one group, ended together
             )
-        self.procs[component] = proc
+        self.procs[name] = proc
         self.started.append(proc)
         return proc
 
@@ -207,25 +226,26 @@ class AirflowDeployment:
             self.start(component)
         self.wait_healthy(COMPONENTS, timeout_s)
 
-    def kill(self, component: str, timeout_s: float = 60) -> None:
-        """SIGKILL the component's whole process group (a crash: no cleanup, no goodbye) and
-        wait until none of its processes is left."""
-        proc = self.procs[component]
+    def kill(self, name: str, timeout_s: float = 60) -> None:
+        """SIGKILL the instance's whole process group (a crash: no cleanup, no goodbye) and
+        wait until none of its processes is left. `name`: a component ("triggerer") or one of
+        its named instances ("triggerer#b")."""
+        proc = self.procs.pop(name)  # dead on purpose: no longer expected alive
         _signal_group(proc.pid, signal.SIGKILL)
         proc.wait(timeout=timeout_s)
-        wait_for(
-            lambda: not _group_alive(proc.pid), f"{component}'s processes gone", timeout_s, 0.2
-        )
+        wait_for(lambda: not _group_alive(proc.pid), f"{name}'s processes gone", timeout_s, 0.2)
 
-    def stop(self) -> None:
-        """End every process group this deployment started: SIGTERM, then SIGKILL."""
-        for proc in self.started:
+    def stop(self, name: str | None = None) -> None:
+        """End every process group this deployment started, or instance `name`'s alone (a
+        clean shutdown, unlike `kill`): SIGTERM, then SIGKILL after 30 s."""
+        procs = self.started if name is None else [self.procs.pop(name)]
+        for proc in procs:
             _signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + 30
-        for proc in self.started:
+        for proc in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        for proc in self.started:
+        for proc in procs:
             if _group_alive(proc.pid) or proc.poll() is None:
                 _signal_group(proc.pid, signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -247,28 +267,41 @@ class AirflowDeployment:
         return r.json() if r.is_success else None
 
     def wait_healthy(self, components: tuple[str, ...], timeout_s: float = 300) -> None:
-        """Until `/api/v2/monitor/health` reports each of `components` healthy; fails at once,
-        with its log, if one of them exits."""
+        """Until `/api/v2/monitor/health` reports each of `components` (instance names) healthy;
+        fails at once, with its log, if one of them exits. The API reports a component's most
+        recent heartbeat, not each instance's: one healthy triggerer makes them all healthy."""
 
         def check() -> bool:
             self.assert_alive(components)
             health = self.health()
             if health is None:
                 return False
-            keys = [HEALTH_KEYS[c] for c in components if c in HEALTH_KEYS]
+            kinds = {c.partition("#")[0] for c in components}
+            keys = [HEALTH_KEYS[c] for c in kinds if c in HEALTH_KEYS]
             return all((health.get(k) or {}).get("status") == "healthy" for k in keys)
 
         what = f"Airflow components {components} healthy"
         wait_for(check, what, timeout_s, every=1.0, detail=self.log_tails)
 
-    def assert_alive(self, components: tuple[str, ...] = COMPONENTS) -> None:
-        for c in components:
+    def assert_alive(self, components: tuple[str, ...] | None = None) -> None:
+        """Fail, with the logs, if one of `components` (instance names; by default every
+        instance started and not killed or stopped since) is not running."""
+        for c in tuple(self.procs) if components is None else components:
             proc = self.procs.get(c)
             if proc is None or proc.poll() is not None:
                 code = None if proc is None else proc.returncode
                 raise AssertionError(
                     f"Airflow {c} is not running (exit {code})\n{self.log_tails()}"
                 )
+
+    def instance_of(self, pid: int) -> str | None:
+        """The running instance whose process group holds process `pid` (its supervisor, or a
+        process that one forked), or None."""
+        try:
+            pgid = os.getpgid(pid)
+        except ProcessLookupError:
+            return None
+        return next((n for n, p in self.procs.items() if p.pid == pgid and p.poll() is None), None)
 
     def log_tails(self, chars: int = 2500) -> str:
         """The end of every component's log, for an assertion message."""

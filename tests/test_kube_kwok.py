@@ -21,6 +21,7 @@ from kubeapi import REPO, KubeAPI, kube_api, run_kube_api  # noqa: F401 (the ses
 from kubelet_standin import make_node
 from kubernetes import client
 from kwok import EXIT_CODE, FAKE, kwok_path, run_kwok
+from store_workload import audit
 from test_kube_runtime import ensure_priority_class
 from waiting import wait_for
 
@@ -159,6 +160,9 @@ def drive(
     for launch in to_stop:
         g.runtime.stop(launch)
     out["usage"] = sum(u.gpus for u in store.usage().values())
+    # The store's history replayed (tests/store_workload.py): no GPU given twice or used by
+    # two running jobs, the team's quota held, each attempt admitted once.
+    out["audit"] = dict(audit(store.events(), {g.team: 8 * len(g.nodes)}))
     return out
 
 
@@ -241,6 +245,8 @@ def test_pods_killed_mid_run_lose_no_job_and_leak_nothing(
         watch.stop()
     assert sorted(outcomes["succeeded"]) == sorted(f"f{i}" for i in range(24))
     assert len(outcomes["lost"]) == 3, outcomes["lost"]  # the killed gangs, once each
+    assert outcomes["audit"]["lost"] == 3 and outcomes["audit"]["admit"] == 27, outcomes["audit"]
+    print(f"audit of the store's history: {outcomes['audit']}")
     assert outcomes["usage"] == 0
     assert g.core.list_namespaced_service(g.ns).items == []
     wait_for(lambda: g.pods() == [], "KWOK to delete the last pods Berth deleted")
@@ -283,6 +289,9 @@ def test_an_api_server_restart_mid_run_loses_no_job_and_leaks_nothing(tmp_path: 
         assert outcomes["usage"] == 0
         assert kube.core.list_namespaced_service(g.ns).items == []
         assert watch.pods.lists >= 2, "the watch never listed again after the restart"
+        lost = len(outcomes["interrupted"]) + len(outcomes["lost"])
+        assert outcomes["audit"]["admit"] == 24 + lost, outcomes  # each requeue admitted again
+        print(f"audit of the store's history: {outcomes['audit']}")
         print(f"outcomes: {outcomes}; orphans deleted: {leftovers}")
 
 
@@ -327,6 +336,7 @@ def test_a_node_removed_mid_run_loses_no_job_and_leaks_nothing(
     assert outcomes["usage"] == 0
     assert g.core.list_namespaced_service(g.ns).items == []
     print(f"node {gone[0]} removed; gangs lost there and run again: {sorted(outcomes['lost'])}")
+    print(f"audit of the store's history: {outcomes['audit']}")
 
 
 @pytest.mark.parametrize("dies_after", ["service", "pod"])

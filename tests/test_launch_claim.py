@@ -19,6 +19,7 @@ from waiting import wait_for
 from berth.settings import BerthSettings, settings
 from berth.spec import parse_spec
 from berth.store import JobStateError, StaleAttemptError, Store
+from berth.store.launch_claim import held_launch
 from operators import triggers
 from operators.launching import LaunchBusy, Launched, LaunchPlan, launch_attempt
 from operators.tracking import TaskRef
@@ -133,6 +134,24 @@ def test_a_trigger_launches_once_a_dead_launchers_claim_lapses(store: Store) -> 
     assert 0.9 <= waited < 5.0, waited  # the lease (1 s), then the next look
     st = store.status("orphan")
     assert st.state == "running"
+
+
+def test_a_launch_that_hangs_stops_renewing_its_claim(store: Store) -> None:
+    """A launcher stuck inside its launch (a request that never returns) renews its claim
+    for `max_hold_s` only; then the claim lapses and another launcher may take the job over.
+    One that finishes in time keeps the claim to the end."""
+    _submit(store, "stuck")
+    store.schedule()
+    with held_launch(store, "stuck", 1, lease_s=1.0, max_hold_s=2.5) as holder:
+        assert store.claim_launch("stuck", 1, "other", lease_s=1.0) == holder
+        time.sleep(1.5)  # the launch itself, working past one lease: renewed meanwhile
+        assert store.claim_launch("stuck", 1, "other", lease_s=1.0) == holder
+        wait_for(
+            lambda: store.claim_launch("stuck", 1, "other", lease_s=1.0) is None,
+            "the stuck launcher's claim to lapse",
+            timeout=10,
+            every=0.1,
+        )
 
 
 def test_the_launch_lease_is_checked_when_the_settings_are_read(tmp_path: Path) -> None:

@@ -17,9 +17,11 @@ trip, which a busy store may take seconds to answer.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -32,6 +34,8 @@ from berth.store.views import JobStateError
 
 if TYPE_CHECKING:
     from berth.store.store import Store
+
+log = logging.getLogger(__name__)
 
 
 class LaunchClaimed(RuntimeError):
@@ -66,17 +70,30 @@ def claim(
 
 
 @contextmanager
-def held_launch(store: Store, job_id: str, attempt: int, *, lease_s: float) -> Iterator[str]:
+def held_launch(
+    store: Store, job_id: str, attempt: int, *, lease_s: float, max_hold_s: float | None = None
+) -> Iterator[str]:
     """Claim the attempt's launch (raises LaunchClaimed if another launcher holds it) and
-    keep it renewed from a thread until the block ends; yields the holder's name."""
+    keep it renewed from a thread until the block ends, or for `max_hold_s` at most (ten
+    leases unless given): a launch that hangs (a request that never returns) must not hold
+    the job for good, and one that long is presumed stuck. Yields the holder's name."""
     holder = new_holder()
     other = store.claim_launch(job_id, attempt, holder, lease_s=lease_s)
     if other is not None:
         raise LaunchClaimed(job_id, attempt, other, lease_s)
     done = threading.Event()
+    hold_s = 10 * lease_s if max_hold_s is None else max_hold_s
+    give_up = time.monotonic() + hold_s
 
     def renew() -> None:
         while not done.wait(lease_s / 3):
+            if time.monotonic() >= give_up:
+                log.warning(
+                    "job %s attempt %d: still launching after %.0f s; the launch claim is "
+                    "left to lapse, so another launcher may take the job over",
+                    job_id, attempt, hold_s,
+                )  # fmt: skip
+                return
             try:
                 if store.claim_launch(job_id, attempt, holder, lease_s=lease_s) is not None:
                     return  # taken over: this launcher was presumed dead; its launch will fail
