@@ -44,12 +44,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from berth.runtime.base import Launch, ReplicaHandle, replica_env, replica_handles
+from berth.runtime.base import Launch, LaunchError, ReplicaHandle, replica_env, replica_handles
 from berth.runtime.kubernetes.dra import DraSettings, pod_fields
 from berth.runtime.kubernetes.inventory import BERTH, MANAGED_BY
 from berth.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, Toleration
 from berth.runtime.kubernetes.training import CheckpointVolume, checkpoint_volume, shm_volume
 from berth.runtime.kubernetes.volumes import DataVolume, replica_mount
+from berth.spec_fields import env_key, secret_ref
 from scheduling.cluster import Cluster
 from scheduling.jobs import Placement
 from scheduling.resources import CPU_UNIT, MEM_UNIT
@@ -382,3 +383,15 @@ def pod_manifest(
 def engine_units(cpus: float, memory_gb: float) -> tuple[int, int]:
     """Milli-CPUs and MiB, rounded as the engine rounds a JobSpec (Resources.of)."""
     return round(cpus * CPU_UNIT), round(memory_gb * MEM_UNIT)
+
+
+def check_secrets(secrets: Mapping[str, str], env: Mapping[str, str]) -> None:
+    """LaunchError naming the first bad `secrets` entry (the spec checks the same)."""
+    for name, ref in secrets.items():
+        try:
+            env_key(name)
+            secret_ref(ref)
+        except ValueError as e:
+            raise LaunchError(f"secrets.{name}: {e}") from None
+        if name in env:
+            raise LaunchError(f"secrets.{name}: also set as a plain variable; remove one")
