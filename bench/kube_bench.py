@@ -299,9 +299,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "kube.json")
     a = p.parse_args(argv)
     log = Console(stderr=True)
-    before = reference_ms()
     if a.workers < 1:
         p.error("--workers must be >= 1")
+    code = code_version()  # at the start: the code that runs, whatever lands meanwhile
+    before = reference_ms()
     result = run(
         a.nodes, a.jobs, a.teams, a.seed, log, watch=a.watch == "on", workers=a.workers,
         kubelet=a.kubelet, run_s=a.run_s, poll_s=a.poll_s,
@@ -311,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "config": vars(a) | {"out": str(a.out)},  # where this file was written
         "machine": machine()
         | {"reference_ms_before": before, "reference_ms_after": reference_ms()},
-        "code": code_version(),
+        "code": code,
         "result": result,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
