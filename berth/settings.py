@@ -230,24 +230,27 @@ def settings() -> BerthSettings:
 
 
 def _launch_lease(env: Mapping[str, str]) -> float:
-    text = env.get("BERTH_LAUNCH_LEASE_S") or None
-    if text is None:
-        return LAUNCH_LEASE_S
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(
-            f"BERTH_LAUNCH_LEASE_S: must be a number of seconds above 0, got {text!r}; e.g. "
-            f"{LAUNCH_LEASE_S:g} (the default): longer than a launch's longest pause, short "
-            "enough that a dead launcher's job is launched again soon"
-        )
-    return seconds
+    seconds = _seconds(
+        env,
+        "BERTH_LAUNCH_LEASE_S",
+        f"e.g. {LAUNCH_LEASE_S:g} (the default): longer than a launch's longest pause, short "
+        "enough that a dead launcher's job is launched again soon",
+    )
+    return LAUNCH_LEASE_S if seconds is None else seconds
 
 
 def _system_metrics_interval(env: Mapping[str, str]) -> float | None:
-    text = env.get("BERTH_SYSTEM_METRICS_INTERVAL_S") or None
+    return _seconds(
+        env,
+        "BERTH_SYSTEM_METRICS_INTERVAL_S",
+        "e.g. 10 (each sample costs every replica about two requests to MLflow), or unset it "
+        "for MLflow's default of 10 s",
+    )
+
+
+def _seconds(env: Mapping[str, str], name: str, hint: str) -> float | None:
+    """The variable `name` as a number of seconds above 0; None when unset or empty."""
+    text = env.get(name) or None
     if text is None:
         return None
     try:
@@ -255,11 +258,7 @@ def _system_metrics_interval(env: Mapping[str, str]) -> float | None:
     except ValueError:
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(
-            f"BERTH_SYSTEM_METRICS_INTERVAL_S: must be a number of seconds above 0, got "
-            f"{text!r}; e.g. 10 (each sample costs every replica about two requests to MLflow), "
-            "or unset it for MLflow's default of 10 s"
-        )
+        raise ValueError(f"{name}: must be a number of seconds above 0, got {text!r}; {hint}")
     return seconds
 
 
