@@ -2,7 +2,8 @@
 would: `python tests/dying_launcher.py JOB_ID AFTER` runs one cycle of the store named by the
 environment's Berth settings and launches the admitted job as the admission trigger does
 (`launch_attempt`), but SIGKILLs its own process right after the API server accepted the
-attempt's Service (AFTER = "service") or its first pod (AFTER = "pod"). Nothing is cleaned
+attempt's Service (AFTER = "service") or rank 0's pod (AFTER = "pod"; the other ranks' pods,
+created side by side, are held back until the kill). Nothing is cleaned
 up, nothing is marked: what is left is what a real kill leaves. Exits 3 if the job was not
 admitted (the test's setup is wrong)."""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 from kubernetes import client
@@ -24,6 +26,9 @@ def die_after(method: str) -> None:
     real = getattr(client.CoreV1Api, method)
 
     def create_then_die(self: client.CoreV1Api, *args: Any, **kwargs: Any) -> Any:
+        body = args[1] if len(args) > 1 else kwargs["body"]
+        if method == "create_namespaced_pod" and not body["metadata"]["name"].endswith("-0"):
+            threading.Event().wait()  # the other ranks (created side by side) wait for the kill
         real(self, *args, **kwargs)
         os.kill(os.getpid(), signal.SIGKILL)
 

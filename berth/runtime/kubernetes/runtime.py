@@ -269,16 +269,17 @@ class KubernetesRuntime:
         failure is written on the Service and every replica still running is deleted with the
         grace period before this returns.
 
-        With a fresh watch, a gang whose objects there say it is running is answered from
-        memory; every other answer is read from the API server, so the watch can delay an
-        attempt's end (by its lag) but never decide it. RuntimeUnavailable when the API server
-        cannot be reached or answers 429 or 5xx: nothing is known, ask again."""
+        With a fresh watch, a gang whose objects there say it is running, or that every pod
+        succeeded (a terminal phase), is answered from memory; every other answer (a failure,
+        a missing object, a timeout) is read from the API server, so the watch can delay such
+        an end (by its lag) but never decide it. RuntimeUnavailable when the API server cannot
+        be reached or answers 429 or 5xx: nothing is known, ask again."""
         launch = _kube(launch)
-        running, seen = watched.running_gang(self.watch, launch, self.clock())
+        known, seen = watched.gang_from_watch(self.watch, launch, self.clock())
         key = watched.attempt_key(launch)
-        if running is not None:
+        if known is not None:
             self._seen[key] = seen  # what `changed` waits to move past
-            return running
+            return known
         self._seen.pop(key, None)
         with unavailable_as("the gang's state cannot be told for now"):
             return self._poll_api(launch)

@@ -1,10 +1,12 @@
 """What a poll may read from the process's watch (watch.py) instead of the API server.
 
-Only "still running" is answered from memory (decision 0020): when the watch is fresh and its
-objects say the gang runs (the Service present without a failure or a stop, every replica's
-pod present with the attempt's labels, every node present, no failure, deadline or start
-timeout, not every replica done). Anything else is None here, and the runtime reads it from the
-API server, so a late watch delays an attempt's end and never decides it.
+Two answers come from memory (decision 0020), when the watch is fresh and the Service is there
+without a failure or a stop, every replica's pod is there with the attempt's labels and every
+node is there: "still running" (no failure, deadline or start timeout), and "succeeded" when
+every pod has ended with exit code 0 (Succeeded is a terminal phase: a pod never leaves it, so
+a late watch cannot have it wrong, only late). Anything else (a failure, a missing object, a
+timeout) is None here, and the runtime reads it from the API server and acts on it, so a late
+watch delays those ends and never decides them.
 """
 
 from __future__ import annotations
@@ -35,12 +37,12 @@ def labelled(pod: Any) -> AttemptKey:
     return pod.metadata.namespace or "", labels.get(JOB, ""), labels.get(ATTEMPT, "")
 
 
-def running_gang(
+def gang_from_watch(
     watch: ClusterWatch | None, launch: KubeLaunch, now: float
 ) -> tuple[KubeGangStatus | None, int]:
-    """The gang's "running" status from the watch, and the attempt's generation it was read
-    at (what a waiter waits to move past); (None, 0) when there is no fresh watch or it tells
-    anything else (a missing object, a failure, a deadline, success)."""
+    """The gang's "running" or "succeeded" status from the watch, and the attempt's
+    generation it was read at (what a waiter waits to move past); (None, 0) when there is no
+    fresh watch or it tells anything else (a missing object, a failure, a deadline)."""
     w = watch
     if w is None or not w.fresh():
         return None, 0
@@ -63,10 +65,10 @@ def running_gang(
     if not all(alive.values()) or fate.gang_failures(launch, by_rank, alive, now):
         return None, 0
     replicas = fate.gang_statuses(launch, by_rank, ending=False)
-    if all(s.state == "exited" and s.exit_code == 0 for s in replicas):
-        return None, 0  # success too is read from the API server
+    done = all(s.state == "exited" and s.exit_code == 0 for s in replicas)
     common = {"started_at": launch.launched_at, "time_limit_s": launch.time_limit_s}
-    return KubeGangStatus(state="running", replicas=replicas, **common), seen
+    state = "succeeded" if done else "running"
+    return KubeGangStatus(state=state, replicas=replicas, **common), seen
 
 
 def pods(watch: ClusterWatch | None, launch: KubeLaunch) -> dict[int, Any] | None:
