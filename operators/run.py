@@ -313,10 +313,11 @@ class BerthRunOperator(BaseOperator):
         attempt as preempted and queue again without using a retry."""
         s = settings()
         runtime = s.runtime()
-        spec = resolve_spec(self.spec, context)
-        handle = runtime.reattach(job_id, attempt, team=spec.team)
+        team = s.store().status(job_id).team  # the store's: the stop comes first, whatever else
+        handle = runtime.reattach(job_id, attempt, team=team)
         if handle is not None:
             runtime.stop(handle)
+        spec = resolve_spec(self.spec, context)
         s.store().finish(job_id, "preempted", attempt=attempt, message="preempted by Berth")
         self.log.warning("job %s attempt %d %s; back in the queue", job_id, attempt, why)
         close_attempt(TaskRef.of(context), spec, s.store(), job_id, attempt, "preempted")
