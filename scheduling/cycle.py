@@ -91,7 +91,8 @@ class Cycle:
         self.result = CycleResult(snap.now)
         self.failed = self.result.by_shape
         self.no_room: dict[tuple, PendingReason] = {}
-        self.no_plan: dict[tuple, list[tuple[int, int, int]]] = {}  # key -> failed shapes
+        # key -> failed (gpu, cpu, mem, guarded) searches
+        self.no_plan: dict[tuple, list[tuple[int, int, int, bool]]] = {}
         self.admitted_ids: set[str] = set()
         # Per team, the lowest priority admitted and the highest preempted in this cycle: no
         # job is preempted while a lower-priority job of its team is admitted (either order).
@@ -292,10 +293,16 @@ class Cycle:
             self.wake(unguarded_at)
         # A failed plan for a job means no plan for one of the same team, priority, topology
         # and replicas that needs as much of every resource or more per replica, in this
-        # cycle (victims only get fewer): those searches are skipped.
-        key = (job.team, job.priority, job.topology, job.shared, guarded, job.replicas)
+        # cycle (victims only get fewer), and that may take no more victims: a guarded search
+        # after a failed unguarded one, or one of the same kind (the guarded victims are some
+        # of the unguarded ones). Those searches are skipped, and cost no search budget in
+        # either mode: otherwise EXACT, which runs them, would spend a budget that FAST, whose
+        # closed classes never reach them, keeps for a later job (a difference the property
+        # test found: a copy of a job waiting less than the deadline took the last search).
+        key = (job.team, job.priority, job.topology, job.shared, job.replicas)
         known_to_fail = any(
-            job.gpu >= g and job.cpu >= c and job.mem >= m for g, c, m in self.no_plan.get(key, ())
+            job.gpu >= g and job.cpu >= c and job.mem >= m and (guarded or not was_guarded)
+            for g, c, m, was_guarded in self.no_plan.get(key, ())
         )
         if known_to_fail and self.fast:
             return None
@@ -336,7 +343,7 @@ class Cycle:
             indexes=self.node_indexes if self.fast else None,
         )
         if plan is None:
-            self.no_plan.setdefault(key, []).append((job.gpu, job.cpu, job.mem))
+            self.no_plan.setdefault(key, []).append((job.gpu, job.cpu, job.mem, guarded))
             self.next_victim = self.victim_pool.next_eligible(self.cap, self.quota, job.team)
             if self.next_victim is not None:  # more victims may be allowed then
                 self.wake(self.next_victim.start_time + self.policy.min_runtime_s)

@@ -69,3 +69,29 @@ def test_shortcuts_change_no_decision_on_fresh_examples() -> None:
         _same_decisions(s)
 
     check()
+
+
+def test_a_search_known_to_fail_costs_no_budget_whether_or_not_it_runs() -> None:
+    """x1 and x2 are one class (4 GPUs at priority 2); only 2 GPUs of victims exist, so both
+    fail. x1 has waited past the reclaim deadline (its search unguarded), x2 has not (guarded:
+    no more victims). FAST closes the class after x1 and never reaches x2; EXACT runs x2's
+    search, and used to charge it to the team's budget of 2, so y (2 GPUs at priority 1, whose
+    plan exists) found the budget spent and waited. Both modes now preempt r-low for y."""
+    from builders import World, cluster, job, policy, teams
+
+    from scheduling.cycle import schedule
+
+    pol = policy(
+        preemption_delay_s=0, min_runtime_s=0, reclaim_deadline_s=300,
+        max_preemption_searches_per_team=2,
+    )  # fmt: skip
+    w = World(cluster(nodes=1, gpus=4, groups=1), teams(a=4), pol)
+    w.submit(job("r-low", "a", gpus=2), job("r-keep", "a", gpus=2, preemptible=False), at=0)
+    w.cycle(0)
+    w.submit(job("x1", "a", gpus=4, priority=2), job("y", "a", gpus=2, priority=1), at=0)
+    w.submit(job("x2", "a", gpus=4, priority=2), at=800)
+    snap = w.state.snapshot(1000)
+    for mode in (FAST, EXACT):
+        res = schedule(snap, w.policy, mode)
+        assert [a.job.id for a in res.admitted] == ["y"], (mode, res.nominations)
+        assert [p.job_id for p in res.preempted] == ["r-low"], mode
