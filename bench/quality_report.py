@@ -74,12 +74,12 @@ METRIC_HEADER = [
 ]
 
 
-def held_out_table(report: dict[str, Any]) -> Table:
-    """The held-out summary as a rich table for the console."""
-    held = report["held_out"]
+def held_out_table(report: dict[str, Any], which: str = "held_out") -> Table:
+    """The held-out summary (or, `which` = "tuning", the tuning one) as a rich table."""
+    held = report[which]
+    title = "Held-out" if which == "held_out" else "Tuning"
     t = Table(
-        title=f"Held-out cases ({held['cases']}): each policy against "
-        f"{report['config']['baseline']}"
+        title=f"{title} cases ({held['cases']}): each policy against {report['config']['baseline']}"
     )
     for col in METRIC_HEADER:
         t.add_column(col, justify="left" if col in ("metric", "comparison") else "right")
@@ -152,6 +152,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"# Scheduling quality: each policy against `{base}`",
         "",
         f"Written by `.venv/bin/python -m bench.quality{' --quick' if cfg['quick'] else ''}"
+        f"{' --tuning' if cfg.get('tuning') else ''}"
         f"{_checkpoint_flag(cfg)}` at"
         f" commit {code['commit']} (scheduling/ modified: {code['scheduling_modified']}), on"
         f" {m['cpus_usable'] or m['cpus']} usable CPUs (load average {m['load_average_1m']}),"
@@ -172,6 +173,16 @@ def markdown(report: dict[str, Any]) -> str:
         " difference (above 0 is better). Geo-mean leaves out zero ratios. 'No worse' counts"
         " the cases where the policy is at least as good as the baseline on that metric.",
         "",
+        *(
+            [
+                f"## Tuning cases ({len(tuning)}): where settings are chosen",
+                "",
+                *_md_table(METRIC_HEADER, _metric_rows(report["metrics"], report["tuning"], base)),
+                "",
+            ]
+            if cfg.get("tuning")
+            else []
+        ),
         f"## Held-out cases ({len(held)})",
         "",
         *_md_table(METRIC_HEADER, _metric_rows(report["metrics"], report["held_out"], base)),

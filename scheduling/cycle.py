@@ -256,6 +256,10 @@ class Cycle:
         job = pending.job
         team = job.team
         quota = self.quota
+        if not self.policy.preempts_beyond_nominal and job.demand.first_excess(
+            quota.teams[team].nominal
+        ):
+            return None  # Kueue's rule: a job bigger than its team's nominal never preempts
         if not (quota.fits_nominal_with(team, job.demand) and quota.any_borrowing(team)):
             # The team's lowest running priority is read once per cycle (this runs for
             # every job that waits): the snapshot's running jobs do not change within one.
@@ -341,6 +345,7 @@ class Cycle:
             place=self.place,
             guarded=guarded,
             indexes=self.node_indexes if self.fast else None,
+            keep_nominal=self.policy.victim_keeps_nominal,
         )
         if plan is None:
             self.no_plan.setdefault(key, []).append((job.gpu, job.cpu, job.mem, guarded))

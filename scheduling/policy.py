@@ -65,6 +65,18 @@ class Policy:
     # False: by start time alone, as Kueue does. Off in `berth`: on the quality benchmark with
     # every job checkpointing it saved no GPU-hours (docs/decisions/0003, last addendum).
     checkpoint_aware: bool = False
+    # Which borrowed jobs a reclaim may take. True: only one whose team keeps its nominal
+    # without it (Berth's stricter reading: a team's guarantee is never spent to serve
+    # another's). False: any job of a team that is borrowing when it is taken, which may leave
+    # that team below its nominal by less than the job (Kueue's `reclaimWithinCohort`: its
+    # candidate generator skips a candidate only if its ClusterQueue is within nominal).
+    victim_keeps_nominal: bool = True
+    # Whether a job asking for more than its team's nominal may preempt at all (its team's
+    # lower priorities; it then borrows). Kueue without `borrowWithinCohort` may not: its
+    # flavor assigner gives a workload the preempt mode only if its request fits the
+    # ClusterQueue's nominal, which also keeps its reclaim from ping-ponging with priority
+    # preemption (a team preempting its own jobs to borrow, reclaimed at once, again).
+    preempts_beyond_nominal: bool = True
 
     @property
     def reclaim_bound_s(self) -> float:
@@ -94,6 +106,15 @@ POLICIES: dict[str, Policy] = {
         replace(BERTH, name="berth-no-deadline", reclaim_deadline_s=float("inf")),
         replace(BERTH, name="berth-smallest-first", ordering=DRF_SMALLEST_FIRST),
         replace(BERTH, name="berth-checkpoint-aware", checkpoint_aware=True),
+        # The other end of the trade-off (docs/decisions/0003, "Kueue's victim rule"): a
+        # lender's reclaim at once, its guards lifted after 10 min, and Kueue's victim rule.
+        replace(
+            BERTH,
+            name="berth-quick-reclaim",
+            preemption_delay_s=0.0,
+            reclaim_deadline_s=600.0,
+            victim_keeps_nominal=False,
+        ),
     )
 }
 

@@ -17,6 +17,8 @@ the one that runs.
     max_preemptions: 1         # priority preemption; reclaim only until reclaim_deadline_s
     max_victim_runtime_s: 3600 # priority preemption only
     checkpoint_aware: false    # true: victims by the work lost since their last checkpoint
+    victim_keeps_nominal: true # false: Kueue's rule, a reclaim may take a borrowing team below
+                               # its nominal (the berth-quick-reclaim policy)
 
 Team weights for fair sharing live with the quotas, in teams.yaml (`weight`).
 """
@@ -59,6 +61,7 @@ class PolicyFile(BaseModel):
     easy_backfill: bool | None = None
     reclaim_deadline_s: Seconds | None = None
     checkpoint_aware: bool | None = None
+    victim_keeps_nominal: bool | None = None
 
     @field_validator("base")
     @classmethod

@@ -2,7 +2,9 @@
 
 A pending job may preempt running jobs in two cases only:
 - **reclaim**: its team is below nominal and the job fits within nominal; victims are jobs of
-  teams that are borrowing, and no victim's team may end up below its own nominal;
+  teams that are borrowing, and no victim's team may end up below its own nominal (or, with
+  `Policy.victim_keeps_nominal` off, as Kueue does, each victim's team is borrowing when it is
+  taken);
 - **priority**: victims are jobs of its own team with strictly lower priority.
 Victims are whole gangs, preemptible, and have run at least `min_runtime_s`. The guards that
 protect long work (`max_preemptions`, `max_victim_runtime_s`) apply to priority preemption
@@ -22,7 +24,7 @@ from itertools import islice
 from scheduling.capacity import Capacity
 from scheduling.jobs import Job, Placement, Running
 from scheduling.placement import TOPOLOGY
-from scheduling.quota import QuotaLedger, below_nominal_after
+from scheduling.quota import QuotaLedger, below_nominal_after, borrows_in
 from scheduling.resources import ZERO, Resources
 from scheduling.strategies import Placer
 from scheduling.victim_index import NodeIndex
@@ -36,7 +38,12 @@ class PreemptionPlan:
 
 
 def _reachable(
-    pool: VictimPool, quota: QuotaLedger, job: Job, reclaims: bool, guarded: bool
+    pool: VictimPool,
+    quota: QuotaLedger,
+    job: Job,
+    reclaims: bool,
+    guarded: bool,
+    keep_nominal: bool,
 ) -> tuple[int, list[str]]:
     """An upper bound on the GPUs the allowed victims hold now, and the teams it may reclaim
     from (victims already taken in this cycle included)."""
@@ -46,7 +53,10 @@ def _reachable(
         for team in quota.borrowers:  # the order is of no matter: victims are sorted by loss
             if team != job.team:
                 borrowed = quota.usage[team].gpu - quota.teams[team].nominal.gpu
-                reachable += min(pool.reclaimable_gpus(team, guarded), max(borrowed, 0))
+                held = pool.reclaimable_gpus(team, guarded)
+                # Kept at its nominal, a team gives back at most what it borrowed; else any
+                # of its jobs while it borrows (the last may take it below).
+                reachable += min(held, max(borrowed, 0)) if keep_nominal else held
                 lenders.append(team)
     return reachable, lenders
 
@@ -72,6 +82,7 @@ def plan_preemption(
     place: Placer = TOPOLOGY,
     guarded: bool = True,
     indexes: dict[tuple, NodeIndex] | None = None,
+    keep_nominal: bool = True,
 ) -> PreemptionPlan | None:
     """Victims and the placement they make room for, or None. Does not change cap or quota.
 
@@ -81,11 +92,13 @@ def plan_preemption(
     priority it had admitted in this cycle; its jobs of a higher priority are spared, so a
     cycle never preempts a job while admitting a lower-priority job of its team.
     `indexes`: the cycle's victims-by-node indexes, kept for its later one-node searches over
-    the same candidates (shortcut 6); None builds one each time."""
+    the same candidates (shortcut 6); None builds one each time. `keep_nominal`: a reclaim
+    victim's team must keep its nominal without it (`Policy.victim_keeps_nominal`); False:
+    it need only be borrowing when the victim is taken."""
     spared = spared_above or {}
     # First an upper bound on what the allowed victims could free: most searches end here,
     # before any list is built.
-    reachable, lenders = _reachable(pool, quota, job, _reclaims(quota, job), guarded)
+    reachable, lenders = _reachable(pool, quota, job, _reclaims(quota, job), guarded, keep_nominal)
     if not job.shared and reachable < _need(cap, job):
         return None  # even every allowed victim would not free enough GPUs
     below = min(job.priority, spared.get(job.team, _NO_FLOOR) + 1)
@@ -102,13 +115,12 @@ def plan_preemption(
                 indexes[key] = index
         if not index:
             return None
-        return _plan_on_index(
-            index, cap, quota, job, place, pool.now if pool.checkpoint_aware else None
-        )
+        now = pool.now if pool.checkpoint_aware else None
+        return _plan_on_index(index, cap, quota, job, place, now, keep_nominal)
     candidates = _candidates(pool, job.team, below, floors, guarded, excluded, max_candidates)
     if not candidates:
         return None
-    return _plan_greedy(candidates, cap, quota, job, place)
+    return _plan_greedy(candidates, cap, quota, job, place, keep_nominal)
 
 
 _NO_FLOOR = 1 << 62  # a team that admitted nothing in the cycle spares none of its jobs
@@ -166,13 +178,15 @@ def _plan_on_one_node(
     job: Job,
     place: Placer,
     now: float | None = None,
+    keep_nominal: bool = True,
 ) -> PreemptionPlan | None:
     """A single-replica job needs room on one node: for each node, the cheapest victims there
     that make room; then the node whose victims cost least (priority, GPUs, count, then the
     GPU-seconds a preemption loses: the work they have done, or with `now` given (a
     checkpoint-aware policy, candidates in `loss_at(now)` order) the work since their last
     checkpoints)."""
-    return _plan_on_index(NodeIndex(candidates, job.team, ()), cap, quota, job, place, now)
+    index = NodeIndex(candidates, job.team, ())
+    return _plan_on_index(index, cap, quota, job, place, now, keep_nominal)
 
 
 def _lost_by(now: float | None) -> Callable[[Running], float]:
@@ -190,6 +204,7 @@ def _plan_on_index(
     job: Job,
     place: Placer,
     now: float | None = None,
+    keep_nominal: bool = True,
 ) -> PreemptionPlan | None:
     """`_plan_on_one_node` over the candidates of `index`."""
     lost = _lost_by(now)
@@ -233,7 +248,7 @@ def _plan_on_index(
         bound, chosen = heapq.heappop(heap)
         if chosen is None:
             node = bound[4]
-            chosen = _room_on(node, by_node[node], cap, quota, job)
+            chosen = _room_on(node, by_node[node], cap, quota, job, keep_nominal)
             if chosen is not None:
                 # Between options of equal priority, GPUs and count, the least work lost.
                 cost = (
@@ -279,9 +294,11 @@ def _room_on(
     cap: Capacity,
     quota: QuotaLedger,
     job: Job,
+    keep_nominal: bool = True,
 ) -> list[Running] | None:
     """The cheapest victims on `node` (loss order) that make room there for one replica of
-    `job`, each victim's team kept at its nominal; else the cheapest single victim that does
+    `job`, each victim's team kept at its nominal (or, without `keep_nominal`, borrowing when
+    taken); else the cheapest single victim that does
     (taking cheap victims first may spend a team's margin above nominal on one that barely
     helps, and refuse the one that alone would do); else None."""
     need = job.whole_gpus
@@ -291,7 +308,7 @@ def _room_on(
         return free >= need and cpu >= job.cpu and mem >= job.mem
 
     free, cpu, mem = base
-    released = _Released(quota, job.team)
+    released = _Released(quota, job.team, keep_nominal)
     chosen: list[Running] = []
     refused = False
     for v, k, reps in victims:
@@ -312,28 +329,33 @@ def _room_on(
     for v, k, reps in victims:
         vj = v.job
         alone = fits(base[0] + k, base[1] + vj.cpu * reps, base[2] + vj.mem * reps)
-        if alone and _Released(quota, job.team).take(vj):
+        if alone and _Released(quota, job.team, keep_nominal).take(vj):
             return [v]
     return None
 
 
-def _allowed(candidates: list[Running], quota: QuotaLedger, job: Job) -> list[Running]:
-    """The candidates in order, less each one that would take its team below nominal once
-    the allowed ones before it are gone (the preemptor's own team aside)."""
-    released = _Released(quota, job.team)
+def _allowed(
+    candidates: list[Running], quota: QuotaLedger, job: Job, keep_nominal: bool
+) -> list[Running]:
+    """The candidates in order, less each one that would take its team below nominal (or,
+    without `keep_nominal`, whose team is no longer borrowing) once the allowed ones before it
+    are gone (the preemptor's own team aside)."""
+    released = _Released(quota, job.team, keep_nominal)
     return [r for r in candidates if released.take(r.job)]
 
 
 class _Released:
     """What a plan takes from each victim team so far. A victim may be taken only if its team
-    stays at or above its nominal without it (`quota.below_nominal_after`); the preemptor's own
+    stays at or above its nominal without it (`quota.below_nominal_after`), or, without
+    `keep_nominal`, if its team is still borrowing (`quota.borrows_in`); the preemptor's own
     team aside, whose lower-priority jobs it may preempt whatever its usage."""
 
-    __slots__ = ("_preemptor", "_quota", "_taken")
+    __slots__ = ("_keep", "_preemptor", "_quota", "_taken")
 
-    def __init__(self, quota: QuotaLedger, preemptor_team: str) -> None:
+    def __init__(self, quota: QuotaLedger, preemptor_team: str, keep_nominal: bool = True) -> None:
         self._quota = quota
         self._preemptor = preemptor_team
+        self._keep = keep_nominal
         self._taken: dict[str, tuple[int, int, int]] = {}
 
     def take(self, victim: Job) -> bool:
@@ -343,7 +365,11 @@ class _Released:
         if team != self._preemptor:
             u = self._quota.usage[team]
             left = (u.gpu - tg, u.cpu - tc, u.mem - tm)
-            if below_nominal_after(left, d, self._quota.teams[team].nominal):
+            nominal = self._quota.teams[team].nominal
+            if self._keep:
+                if below_nominal_after(left, d, nominal):
+                    return False
+            elif not borrows_in(left, d, nominal):
                 return False
         self._taken[team] = (tg + d.gpu, tc + d.cpu, tm + d.mem)
         return True
@@ -353,19 +379,24 @@ _SINGLE_TRIES = 8  # single victims tried after the prefix search fails (each cl
 
 
 def _plan_greedy(
-    candidates: list[Running], cap: Capacity, quota: QuotaLedger, job: Job, place: Placer
+    candidates: list[Running],
+    cap: Capacity,
+    quota: QuotaLedger,
+    job: Job,
+    place: Placer,
+    keep_nominal: bool = True,
 ) -> PreemptionPlan | None:
     """The prefix plan; else the cheapest single victim that alone makes room. The prefix
     takes victims in loss order, each against its team's margin above nominal: cheap ones
     that barely help may spend that margin and leave out the one that would do."""
-    allowed = _allowed(candidates, quota, job)
+    allowed = _allowed(candidates, quota, job, keep_nominal)
     plan = _plan_prefix(allowed, cap, quota, job, place)
     if plan is not None or len(allowed) == len(candidates):
         return plan  # nobody was refused: a single victim can do no more than all of them
     need = _need(cap, job)
     tries = 0
     for r in candidates:
-        if r.job.demand.gpu < need or not _Released(quota, job.team).take(r.job):
+        if r.job.demand.gpu < need or not _Released(quota, job.team, keep_nominal).take(r.job):
             continue
         tries += 1
         if tries > _SINGLE_TRIES:

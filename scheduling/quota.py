@@ -96,6 +96,18 @@ def below_nominal_after(used: tuple[int, int, int], release: Resources, nominal:
     )
 
 
+def borrows_in(used: tuple[int, int, int], release: Resources, nominal: Resources) -> bool:
+    """True when a team using `used` borrows what `release` frees: Kueue's test of a reclaim
+    victim (its ClusterQueue is borrowing), which may leave the team below its nominal once
+    the victim is gone. A victim that holds GPUs counts against the team's GPUs only (Kueue
+    looks at the resources the preemptor lacks; on a GPU cluster those are GPUs), one that
+    holds none against the CPUs or memory it frees."""
+    n, (ug, uc, um) = nominal, used
+    if release.gpu > 0:
+        return ug > n.gpu
+    return (release.cpu > 0 and uc > n.cpu) or (release.mem > 0 and um > n.mem)
+
+
 class QuotaLedger:
     """Usage per team and of the cohort's lending pool; cheap to clone for a cycle's scratch.
 

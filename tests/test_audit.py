@@ -227,6 +227,69 @@ def test_preemption_below_nominal() -> None:
     assert check(events, [v, p]) == ["preemption"]
 
 
+def test_preemption_below_nominal_of_a_team_that_was_not_borrowing_under_kueues_rule() -> None:
+    # The same log under kueue-tas: b held 4 GPUs of its nominal 4, so it was not borrowing
+    # when v was taken, which Kueue's rule refuses too.
+    v = job("v", "b", replicas=2, gpus=2, duration=5000)
+    p = job("p", "a", replicas=2, gpus=2)
+    events = [
+        submit(0, v),
+        admit(0, v, rep("n0", 0, 1), rep("n0", 2, 3), level="node"),
+        submit(1, p),
+        ev(700, "preempt", v, by="p"),
+        admit(700, p, rep("n0", 0, 1), rep("n0", 2, 3), level="node"),
+        ev(700 + 110, "finish", p),
+        admit(810, v, rep("n0", 0, 1), rep("n0", 2, 3), level="node"),
+        ev(810 + 5500, "finish", v),
+    ]
+    assert check(events, [v, p], policy="kueue-tas") == ["preemption"]
+
+
+def test_reclaim_below_a_borrowing_teams_nominal_breaks_only_berths_rule() -> None:
+    # b (nominal 4) borrows 2 GPUs: v (4 GPUs, n1) and w (2 GPUs, n0). a's p takes v, and b
+    # ends with 2: below its nominal, which berth refuses and Kueue allows (b was borrowing).
+    v = job("v", "b", replicas=2, gpus=2, duration=5000)
+    w = job("w", "b", gpus=2, duration=5000)
+    p = job("p", "a", replicas=2, gpus=2)
+    events = ordered(
+        [
+            submit(0, v),
+            admit(0, v, rep("n1", 0, 1), rep("n1", 2, 3), level="node"),
+            submit(0, w),
+            admit(0, w, rep("n0", 0, 1)),
+            ev(5000, "finish", w),
+            submit(1, p),
+            ev(700, "preempt", v, by="p"),
+            admit(700, p, rep("n1", 0, 1), rep("n1", 2, 3), level="node"),
+            ev(700 + 110, "finish", p),
+            admit(810, v, rep("n1", 0, 1), rep("n1", 2, 3), level="node"),
+            ev(810 + 5500, "finish", v),
+        ]
+    )
+    assert check(events, [v, w, p]) == ["preemption"]
+    assert check(events, [v, w, p], policy="kueue-tas") == []
+
+
+def test_a_preemptor_bigger_than_its_nominal_breaks_kueues_rule() -> None:
+    # p (6 GPUs) asks for more than team b's nominal 4: Kueue without borrowWithinCohort gives
+    # it no preempt mode, so it may not preempt b's own v though its priority is higher.
+    v = job("v", "b", replicas=2, gpus=2, duration=5000)
+    p = job("p", "b", replicas=3, gpus=2, priority=1)
+    events = [
+        submit(0, v),
+        admit(0, v, rep("n0", 0, 1), rep("n0", 2, 3), level="node"),
+        submit(1, p),
+        ev(1, "preempt", v, by="p"),
+        admit(1, p, rep("n0", 0, 1), rep("n0", 2, 3), rep("n1", 0, 1), level="rack"),
+        ev(1 + 130, "finish", p),
+        admit(131, v, rep("n0", 0, 1), rep("n0", 2, 3), level="node"),
+        ev(131 + 5500, "finish", v),
+    ]
+    assert check(events, [v, p], policy="kueue-tas") == ["preemption"]
+    allowed = replace(POLICIES["kueue-tas"], preempts_beyond_nominal=True)
+    assert check(events, [v, p], policy=allowed) == []
+
+
 def test_preemption_of_a_young_job_by_one_that_has_not_waited() -> None:
     v, p = job("v", duration=5000), job("p", priority=1)  # same team, higher priority
     events = [

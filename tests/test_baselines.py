@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 from builders import World, admitted, cluster, job, policy, teams
 
+from scheduling.config import parse_cluster, parse_teams
 from scheduling.jobs import Placement, ReplicaPlacement
+from scheduling.simulator import sim
+from scheduling.simulator.baselines import POLICIES
+from scheduling.simulator.trace import TraceJob
 
 
 def _restore(w: World, job_id: str, team: str, node: int, gpus: tuple[int, ...]) -> None:
@@ -56,3 +63,36 @@ def test_fifo_backfill_lets_small_jobs_past_a_blocked_gang_and_fifo_does_not():
         w.submit(job("run", "a", gpus=2), at=0).cycle(0)
         w.submit(job("big", "a", gpus=4), job("small", "a", gpus=1), at=1)
         assert ("small" in admitted(w.cycle(1))) is small_runs, name
+
+
+def _ping_pong() -> tuple:
+    """Two teams of nominal 3 on one 4-GPU node. A priority-1 job of 4 GPUs preempts its
+    team's two 2-GPU jobs to borrow; the other team reclaims it at once, and does the same."""
+    cl = parse_cluster(
+        {"nodes": [{"name": "n0", "gpus": 4, "gpu_groups": 1, "cpus": 64, "memory_gb": 256}]}
+    )
+    tm = parse_teams([{"name": t, "nominal": {"gpus": 3}} for t in ("a", "b")])
+    trace = [
+        TraceJob(i, t, team, 1, gpus, 1000.0, priority=prio)
+        for i, team, gpus, prio, t in [
+            ("a-low", "a", 2, 0, 0.0),
+            ("a-low2", "a", 2, 0, 0.0),
+            ("a-hi", "a", 4, 1, 1.0),
+            ("b-x", "b", 3, 0, 2.0),
+            ("b-hi", "b", 4, 1, 3.0),
+        ]
+    ]
+    return cl, tm, trace
+
+
+def test_a_preemption_cycle_stops_the_replay_with_an_error(monkeypatch) -> None:
+    # Kueue's rule (a job bigger than its nominal never preempts) keeps kueue-tas out of the
+    # cycle; allowed to, it would preempt every second for ever. The replay says so instead.
+    cl, tm, trace = _ping_pong()
+    kueue = POLICIES["kueue-tas"]
+    done = sim.simulate(cl, tm, trace, kueue)
+    assert done.unfinished == 0 and sum(e["type"] == "preempt" for e in done.events) == 1
+    monkeypatch.setattr(sim, "MAX_ATTEMPTS", 50)
+    cycling = replace(kueue, preempts_beyond_nominal=True)
+    with pytest.raises(sim.Livelock, match="a-low was preempted 50 times"):
+        sim.simulate(cl, tm, trace, cycling)

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 from builders import World, admitted, cluster, job, policy, teams
 
+from scheduling.config import parse_teams
 from scheduling.decisions import Admit, CycleResult, Reason
 from scheduling.jobs import Placement, ReplicaPlacement
 from scheduling.simulator.baselines import POLICIES
@@ -103,6 +104,75 @@ def test_reclaim_is_not_head_of_line():
     assert admitted(res) == ["a-small"]
     assert [p.by for p in res.preempted] == ["a-small"]
     assert w.state.quota.usage["b"].gpu == 4000  # b is back at its nominal, not below
+
+
+def _borrowed_through_one_big_job(keep_nominal: bool) -> tuple[World, CycleResult]:
+    """b (nominal 3) borrows 1 GPU through one 4-GPU job; a (nominal 5) holds the other node
+    and asks for the fifth GPU of its nominal. Only b's whole job can make room."""
+    pol = replace(QUICK, victim_keeps_nominal=keep_nominal)
+    w = World(cluster(nodes=2, gpus=4, groups=1), teams(a=5, b=3), pol)
+    w.submit(job("b-big", "b", gpus=4), job("a-run", "a", gpus=4), at=0).cycle(0)
+    assert w.running() == {"b-big", "a-run"}
+    w.submit(job("a-one", "a", gpus=1), at=1)
+    return w, w.cycle(1000)
+
+
+def test_reclaim_keeps_a_victims_team_at_its_nominal_by_default():
+    # Berth's reading: b's guarantee (3 GPUs) is not spent to serve a's. a-one waits for
+    # b-big to end, and its reason says what it waits for.
+    assert QUICK.victim_keeps_nominal
+    w, res = _borrowed_through_one_big_job(keep_nominal=True)
+    assert res.preempted == [] and admitted(res) == []
+    assert w.state.quota.usage["b"].gpu == 4000
+
+
+def test_kueues_rule_takes_a_borrowing_team_below_its_nominal():
+    # Kueue's reclaimWithinCohort: b is borrowing when b-big is taken, so it may go, and b
+    # ends with 0 of its 3 GPUs; b-big, back in the queue within b's nominal, waits.
+    assert not POLICIES["kueue-tas"].victim_keeps_nominal
+    w, res = _borrowed_through_one_big_job(keep_nominal=False)
+    assert [(p.job_id, p.by) for p in res.preempted] == [("b-big", "a-one")]
+    assert admitted(res) == ["a-one"]
+    assert w.state.quota.usage["b"].gpu == 0
+
+
+def test_kueues_rule_takes_no_gpus_from_a_team_that_borrows_only_cpus():
+    # a is within its GPU nominal and borrows 1 CPU. b's reclaim lacks GPUs, and Kueue looks
+    # at the resources the preemptor lacks: a is not borrowing those, so a-run is no victim.
+    # (Found by the property tests: an earlier version took it, and the audit flagged it.)
+    tm = parse_teams(
+        [
+            {"name": "a", "nominal": {"gpus": 1, "cpus": 0}},
+            {"name": "b", "nominal": {"gpus": 2, "cpus": 8}},
+            {"name": "c", "nominal": {"gpus": 1}},
+        ]
+    )
+    w = World(cluster(nodes=1, gpus=3, groups=1), tm, replace(QUICK, victim_keeps_nominal=False))
+    w.submit(job("a-run", "a", gpus=1, cpus=1), job("b-own", "b", gpus=1), at=0)
+    w.submit(job("c-run", "c", gpus=1), at=0).cycle(0)
+    assert w.running() == {"a-run", "b-own", "c-run"}
+    w.submit(job("b-ask", "b", gpus=1), at=1)
+    res = w.cycle(1000)
+    assert res.preempted == [] and admitted(res) == []
+
+
+def test_under_kueues_rule_a_job_bigger_than_its_nominal_does_not_preempt():
+    # b-big (6 GPUs) asks for more than b's nominal 4. Berth lets it preempt b's own
+    # lower-priority job and borrow; Kueue without borrowWithinCohort does not, which also
+    # keeps its reclaim from ping-ponging with such preemptions (the shortcut property test
+    # found a kueue-tas replay that preempted every second, for ever, without it).
+    def run(pol) -> CycleResult:
+        w = World(cluster(nodes=2, gpus=4, groups=1), teams(a=4, b=4), pol)
+        w.submit(job("b-low", "b", gpus=4), at=0).cycle(0)
+        w.submit(job("b-big", "b", gpus=2, replicas=3, priority=1), at=1)
+        return w.cycle(1000)
+
+    kueue = POLICIES["kueue-tas"]
+    assert not kueue.preempts_beyond_nominal
+    assert run(kueue).preempted == []
+    res = run(replace(kueue, preempts_beyond_nominal=True))
+    assert [(p.job_id, p.by) for p in res.preempted] == [("b-low", "b-big")]
+    assert [(p.job_id, p.by) for p in run(QUICK).preempted] == [("b-low", "b-big")]
 
 
 def _three_failing_heads(pol) -> CycleResult:

@@ -69,7 +69,7 @@ BERTH = POLICIES["berth"]
 # put to the test: so each knob is drawn from values such a trace reaches, berth's default
 # among them. They apply to berth and to its ablations where these keep berth's value (a knob
 # a variant turns off stays off); the baselines keep the settings of the systems they model.
-KNOBS: dict[str, list[float]] = {
+KNOBS: dict[str, list[float | bool]] = {
     "starvation_s": [300.0, 600.0, 1200.0, BERTH.starvation_s],
     "preemption_delay_s": [60.0, 0.0, 300.0, BERTH.preemption_delay_s],
     "min_runtime_s": [60.0, 0.0, 300.0, 600.0],  # berth: 0
@@ -78,6 +78,7 @@ KNOBS: dict[str, list[float]] = {
     "max_reservations": [BERTH.max_reservations, 2],
     "max_preemption_searches_per_team": [BERTH.max_preemption_searches_per_team, 1, 0],
     "reclaim_deadline_s": [BERTH.reclaim_deadline_s, 0.0, 300.0],
+    "victim_keeps_nominal": [BERTH.victim_keeps_nominal, False],
 }
 
 

@@ -13,7 +13,14 @@ from shared_data import philly_dir
 
 from bench import quality
 
-POLICIES = ["kueue-tas", "berth", "berth-no-deadline", "quota-spread", "fifo-backfill"]
+POLICIES = [
+    "kueue-tas",
+    "berth",
+    "berth-quick-reclaim",
+    "berth-no-deadline",
+    "quota-spread",
+    "fifo-backfill",
+]
 
 
 def quiet() -> Console:
@@ -97,6 +104,25 @@ def test_tuning_cases_stay_out_of_the_held_out_summary(tmp_path: Path) -> None:
     assert report["held_out"]["cases"] == 1 and report["tuning"]["cases"] == 1
     held = report["cases"][1]["versus_baseline"]["berth"]["avg_jct_s"]["value"]
     assert report["held_out"]["metrics"]["avg_jct_s"]["berth"]["median"] == held
+
+
+def test_the_tuning_set_is_disjoint_from_the_held_out_one(tmp_path: Path) -> None:
+    # --tuning runs where settings are chosen (seed 0 and 10-13, window 0); a default run's
+    # held-out seeds (1 to 4) and windows (1 to 5) are none of them.
+    args = quality.parse_args(["--tuning"])
+    assert args.window_list == [0] and args.seed_list == [0, 10, 11, 12, 13]
+    assert {c.role for c in quality.family_cases(args)} == {"tuning"}
+    default = quality.parse_args([])
+    held = [c.seed for c in quality.family_cases(default) if c.role == "held-out"]
+    assert held and not set(held) & set(args.seed_list)
+    out = tmp_path / "t.json"
+    report = quality.main(
+        ["--tuning", "--no-philly", "--families", "bursty", "--family-jobs", "60",
+         "--policies", "kueue-tas,berth", "--jobs", "1", "--out", str(out)],
+        console=quiet(),
+    )  # fmt: skip
+    assert report["tuning"]["cases"] == 5 and report["held_out"]["cases"] == 0
+    assert "## Tuning cases (5): where settings are chosen" in out.with_suffix(".md").read_text()
 
 
 def test_comparisons_with_the_baseline() -> None:

@@ -109,7 +109,8 @@ class DeficitBound:
         gave back (lower bounds on room, upper bounds on usage):
         - J's team T: usage + J within its nominal in GPUs, CPUs and memory (J reclaims);
         - U keeps its nominal without V: in GPUs always, in CPUs and memory where U is above
-          them (the engine's rule: a victim's team never ends below its nominal);
+          them (the engine's rule: a victim's team never ends below its nominal), or, with
+          `Policy.victim_keeps_nominal` off (Kueue's rule), U is borrowing GPUs;
         - one of V's nodes holds J without V: its free GPUs (less any GPU a decision of the
           instant touched), CPUs and memory (less what the instant gave back);
         - the cohort's pool still lends T what J draws on it once V is gone.
@@ -196,12 +197,14 @@ class DeficitBound:
             if r.gpu < GPU_UNIT or not reps or any(share for _, _, share in reps):
                 continue  # a share may free no whole GPU: the one-node search skips it
             nominal = self.teams[team].nominal
-            if lo[team].gpu - d.gpu < nominal.gpu:
-                continue  # its team would end below its nominal GPUs
-            if _dips(d.cpu, lo[team].cpu, hi[team].cpu, nominal.cpu) or _dips(
-                d.mem, lo[team].mem, hi[team].mem, nominal.mem
-            ):
-                continue  # ... or below its nominal CPUs or memory, where above them
+            # Under Kueue's rule (victim_keeps_nominal off) any job of a borrowing team may go.
+            if self.policy.victim_keeps_nominal:
+                if lo[team].gpu - d.gpu < nominal.gpu:
+                    continue  # its team would end below its nominal GPUs
+                if _dips(d.cpu, lo[team].cpu, hi[team].cpu, nominal.cpu) or _dips(
+                    d.mem, lo[team].mem, hi[team].mem, nominal.mem
+                ):
+                    continue  # ... or below its nominal CPUs or memory, where above them
             count: dict[int, int] = {}
             for i, _, _ in reps:
                 count[i] = count.get(i, 0) + 1

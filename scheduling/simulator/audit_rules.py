@@ -124,10 +124,35 @@ class RuleChecks:
             and pre.priority <= victim.priority,
             f"preemptor {by!r} waited {waited:g}s < preemption_delay_s": waited
             < pol.preemption_delay_s - 1e-6,
+            f"preemptor {by!r} asks for more than its team's nominal": pre is not None
+            and not pol.preempts_beyond_nominal
+            and pre.team in self.teams
+            and bool(_demand(pre).first_excess(self.teams[pre.team].nominal)),
         }
         for message, broken in why.items():
             if broken:
                 self.flag(vid, "preemption", message)
+
+    def _check_borrowing(self, team: str, victims: list[TraceJob], base: dict[str, int]) -> None:
+        """Kueue's rule (`Policy.victim_keeps_nominal` off): each reclaim victim's team is
+        borrowing GPUs when the victim is taken. In the best order (the biggest last) a team
+        still borrows before its last victim goes when what it held, less all its victims but
+        the biggest, is above its nominal."""
+        by_team: dict[str, list[int]] = {}
+        for v in victims:
+            if v.team != team and gang_gpus(v) > 0:
+                by_team.setdefault(v.team, []).append(gang_gpus(v))
+        for other, taken in by_team.items():
+            nominal = self.teams[other].nominal.gpu if other in self.teams else 0
+            before_last = base.get(other, 0) - sum(taken) + max(taken)
+            if before_last <= nominal:
+                held = base.get(other, 0) / GPU_UNIT
+                self.flag(
+                    next(v.job_id for v in victims if v.team == other),
+                    "preemption",
+                    f"team {other} (holding {held:g} GPUs) was not borrowing when its last "
+                    "victim was taken",
+                )
 
     def close_cycle(self) -> None:
         """Replay the cycle in decision order, each preemptor's victims just before it: a
@@ -148,11 +173,14 @@ class RuleChecks:
             if kind != "admit":
                 continue
             mine = victims.pop(job.job_id, [])
+            if not self.policy.victim_keeps_nominal:
+                self._check_borrowing(job.team, mine, base)
             for v in mine:
                 base[v.team] = base.get(v.team, 0) - gang_gpus(v)
             for v in mine:
                 nominal = self.teams[v.team].nominal.gpu if v.team in self.teams else 0
-                if v.team != job.team and base[v.team] < nominal:
+                keeps = self.policy.victim_keeps_nominal
+                if keeps and v.team != job.team and base[v.team] < nominal:
                     left = base[v.team] / GPU_UNIT
                     self.flag(v.job_id, "preemption", f"team {v.team} left with {left:g} GPUs")
             base[job.team] = base.get(job.team, 0) + delta
@@ -252,3 +280,9 @@ def _fits_when_empty(cluster: Cluster, job: TraceJob) -> bool:
 def gang_gpus(job: TraceJob) -> int:
     """The whole gang's GPUs, in milli-GPUs."""
     return round(job.gpus_per_replica * GPU_UNIT) * job.replicas
+
+
+def _demand(job: TraceJob) -> Resources:
+    """The whole gang's request."""
+    per = Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
+    return per * job.replicas

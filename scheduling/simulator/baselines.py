@@ -14,9 +14,10 @@ documented with the real configuration it models (docs/simulator.md):
 - `kueue-tas`: Kueue set up carefully for GPU teams: a ClusterQueue per team in one cohort with
   the same quotas, BestEffortFIFO (non-borrowing heads first, then priority), Topology-Aware
   Scheduling (a gang is admitted only with a placement in its required domain, so no partial
-  gangs), `reclaimWithinCohort: Any`, `withinClusterQueue: LowerPriority`, no preemption guards
-  (Kueue has no minimum run time or delay), no starvation guard, and a bin-packing
-  (MostAllocated) kube-scheduler blind to NVLink groups. The baseline Berth must beat.
+  gangs), `reclaimWithinCohort: Any` (a victim's ClusterQueue need only be borrowing when the
+  victim is taken, so it may end below its nominal), `withinClusterQueue: LowerPriority`, no
+  preemption guards (Kueue has no minimum run time or delay), no starvation guard, and a
+  bin-packing (MostAllocated) kube-scheduler blind to NVLink groups. The baseline Berth must beat.
 """
 
 from __future__ import annotations
@@ -245,6 +246,8 @@ KUEUE_TAS = Policy(
     reclaim_deadline_s=0.0,
     max_preemption_searches_per_team=1,  # only a ClusterQueue's head may preempt in a cycle
     reclaim_searches_per_team=1,
+    victim_keeps_nominal=False,  # a victim's ClusterQueue need only be borrowing
+    preempts_beyond_nominal=False,  # no borrowWithinCohort: a preemptor fits its nominal
     starvation_s=float("inf"),
 )
 
