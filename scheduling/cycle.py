@@ -38,6 +38,7 @@ from scheduling.decisions import (
     PendingReason,
     Preempt,
     Reason,
+    Reservation,
     Status,
 )
 from scheduling.jobs import Job, Pending, Placement, Running
@@ -187,10 +188,14 @@ class Cycle:
         if self.stopped_by is not None:
             return
         reservations = result.reservations
-        if job.id not in reservations or len(reservations) >= policy.max_reservations:
+        if (
+            job.id not in reservations or len(reservations) >= policy.max_reservations
+        ) and not self._mate_holds(pending, reservations):
             # The rest of its class would fail alike: close it; they share this reason. Not
             # while it holds a reservation and more are allowed: a starving class-mate may
-            # get one too (it cannot do better than this job otherwise).
+            # get one too (it cannot do better than this job otherwise). Nor while a
+            # class-mate holds one: that one may use its own nodes, and with EASY backfill
+            # this job's (found by the shortcut property test, seed 2285996683).
             if self.fast:
                 self.failed[(job.team, pending.klass)] = reason
                 candidates.close_class(job.team, pending.klass)
@@ -207,6 +212,21 @@ class Cycle:
             # for a job that waits on quota: within its nominal, reclaim's bound serves it;
             # borrowing, it has no claim. A finish, which may change that, runs a cycle.
             self.wake(starves_at)
+
+    def _mate_holds(self, pending: Pending, reservations: Mapping[str, Reservation]) -> bool:
+        """Does another pending job of `pending`'s class hold a reservation? (There are at
+        most `max_reservations` of them: a short walk.)"""
+        job, waiting = pending.job, self.snap.pending
+        for holder in reservations:
+            mate = waiting.get(holder)
+            if (
+                holder != job.id
+                and mate is not None
+                and mate.job.team == job.team
+                and mate.klass == pending.klass
+            ):
+                return True
+        return False
 
     def _admit_or_explain(
         self, pending: Pending, candidates: Candidates

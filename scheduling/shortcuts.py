@@ -7,7 +7,9 @@ way as one already run in the cycle. The shortcuts skip that repeated work:
 1. **Closing a class.** Once a job fails, the jobs of its class (`Pending.klass`: its team,
    `Job.shape`, and its clock if a preemption restarted it) behind it are not examined in this
    cycle: they get its reason (`CycleResult.by_shape`). Not while the job holds a reservation
-   and more are allowed: a starving class-mate may get one too. The simulator also skips the
+   and more are allowed: a starving class-mate may get one too; nor while a class-mate holds
+   one: it may use its own nodes and, with EASY backfill, other reservations' nodes that
+   this job could not. The simulator also skips the
    cycle a newly queued job would trigger when its class already failed
    (`CycleResult.settles`).
 2. **Remembered placement failures.** A shape that found no placement is not placed again in
