@@ -212,24 +212,8 @@ def test_cohort_lends_more_than_its_teams_lend() -> None:
 
 
 def test_preemption_below_nominal() -> None:
-    v = job("v", "b", replicas=2, gpus=2, duration=5000)  # within b's nominal: not borrowed
-    p = job("p", "a", replicas=2, gpus=2)
-    events = [
-        submit(0, v),
-        admit(0, v, rep("n0", 0, 1), rep("n0", 2, 3), level="node"),
-        submit(1, p),
-        ev(700, "preempt", v, by="p"),
-        admit(700, p, rep("n0", 0, 1), rep("n0", 2, 3), level="node"),
-        ev(700 + 110, "finish", p),
-        admit(810, v, rep("n0", 0, 1), rep("n0", 2, 3), level="node"),
-        ev(810 + 5500, "finish", v),
-    ]
-    assert check(events, [v, p]) == ["preemption"]
-
-
-def test_preemption_below_nominal_of_a_team_that_was_not_borrowing_under_kueues_rule() -> None:
-    # The same log under kueue-tas: b held 4 GPUs of its nominal 4, so it was not borrowing
-    # when v was taken, which Kueue's rule refuses too.
+    # v is within b's nominal: not borrowed. Kueue's rule refuses it too: b held 4 GPUs of its
+    # nominal 4, so it was not borrowing when v was taken.
     v = job("v", "b", replicas=2, gpus=2, duration=5000)
     p = job("p", "a", replicas=2, gpus=2)
     events = [
@@ -242,6 +226,7 @@ def test_preemption_below_nominal_of_a_team_that_was_not_borrowing_under_kueues_
         admit(810, v, rep("n0", 0, 1), rep("n0", 2, 3), level="node"),
         ev(810 + 5500, "finish", v),
     ]
+    assert check(events, [v, p]) == ["preemption"]
     assert check(events, [v, p], policy="kueue-tas") == ["preemption"]
 
 
