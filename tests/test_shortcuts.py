@@ -13,6 +13,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from hypothesis import given, note, seed, settings
 from hypothesis import strategies as st
 from test_properties import EXAMPLES, FRESH_SEED, PROPERTY, Scenario, scenarios
@@ -21,6 +22,8 @@ from scheduling.shortcuts import EXACT, FAST
 from scheduling.simulator.baselines import POLICIES
 from scheduling.simulator.sim import simulate
 from scheduling.simulator.trace import TraceJob
+
+DATA = Path(__file__).parent / "data"
 
 
 @st.composite
@@ -105,8 +108,33 @@ def test_a_class_stays_open_while_a_class_mate_holds_a_reservation() -> None:
     allowed): j8-copy2 and j8, one class, each held a reservation; j8-copy2 failed and closed
     the class, so FAST never examined j8, which EXACT admitted by EASY backfill onto
     j8-copy2's reserved node. The scenario as the generator drew it."""
-    raw = json.loads(
-        (Path(__file__).parent / "data" / "shortcuts_reservation_mate.json").read_text()
-    )
+    _same_decisions(_load(DATA / "shortcuts_reservation_mate.json"))
+
+
+def test_a_closed_class_still_wakes_when_a_class_mate_starves() -> None:
+    """Fresh examples on the GPU machine's cores found it (seed 2589865271, under berth): a
+    class closed after its head, which had starved, so FAST never woke when the next job of
+    the class would starve, and ran its next cycle 0.4 s after EXACT did."""
+    _same_decisions(_load(DATA / "shortcuts_mate_starves.json"))
+
+
+def _load(path: Path) -> Scenario:
+    raw = json.loads(path.read_text())
+    for key in ("found_by", "policy"):
+        raw.pop(key, None)
     trace = [TraceJob(**row) for row in raw.pop("trace")]
-    _same_decisions(Scenario(trace=trace, **raw))
+    return Scenario(trace=trace, **raw)
+
+
+KNOWN = sorted((DATA / "shortcut_differences").glob("*.json"))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: FAST and EXACT decide differently here (a wake-up or a search that the"
+    " shortcuts skip); found on the GPU machine's 16 cores by fresh examples, kept to be fixed",
+)
+@pytest.mark.parametrize("path", KNOWN, ids=[p.stem for p in KNOWN])
+def test_known_differences_are_still_there(path: Path) -> None:
+    """Strict: once a fix makes one of them decide alike, this fails, and the file goes."""
+    _same_decisions(_load(path))
