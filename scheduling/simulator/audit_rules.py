@@ -127,7 +127,7 @@ class RuleChecks:
             f"preemptor {by!r} asks for more than its team's nominal": pre is not None
             and not pol.preempts_beyond_nominal
             and pre.team in self.teams
-            and bool(_demand(pre).first_excess(self.teams[pre.team].nominal)),
+            and bool(self.shape(pre)[1].first_excess(self.teams[pre.team].nominal)),
         }
         for message, broken in why.items():
             if broken:
@@ -280,9 +280,3 @@ def _fits_when_empty(cluster: Cluster, job: TraceJob) -> bool:
 def gang_gpus(job: TraceJob) -> int:
     """The whole gang's GPUs, in milli-GPUs."""
     return round(job.gpus_per_replica * GPU_UNIT) * job.replicas
-
-
-def _demand(job: TraceJob) -> Resources:
-    """The whole gang's request."""
-    per = Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
-    return per * job.replicas
