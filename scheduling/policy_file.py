@@ -19,6 +19,8 @@ the one that runs.
     checkpoint_aware: false    # true: victims by the work lost since their last checkpoint
     victim_keeps_nominal: true # false: Kueue's rule, a reclaim may take a borrowing team below
                                # its nominal (the berth-quick-reclaim policy)
+    preempts_beyond_nominal: true  # false: Kueue without borrowWithinCohort, a job bigger
+                               # than its team's nominal never preempts
 
 Team weights for fair sharing live with the quotas, in teams.yaml (`weight`).
 """
@@ -62,6 +64,7 @@ class PolicyFile(BaseModel):
     reclaim_deadline_s: Seconds | None = None
     checkpoint_aware: bool | None = None
     victim_keeps_nominal: bool | None = None
+    preempts_beyond_nominal: bool | None = None
 
     @field_validator("base")
     @classmethod

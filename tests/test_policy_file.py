@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
 from berth.settings import BerthSettings
 from scheduling.config import ConfigError
-from scheduling.policy import BERTH
-from scheduling.policy_file import load_policy, parse_policy
+from scheduling.policy import BERTH, Policy
+from scheduling.policy_file import PolicyFile, load_policy, parse_policy
 from scheduling.simulator.baselines import FIFO
 from scheduling.simulator.baselines import POLICIES as SIM_POLICIES
 
@@ -36,6 +36,22 @@ def test_knobs_override_the_base_and_keep_the_rest(tmp_path: Path):
     assert p.max_preemptions == 0
     assert p.preemption_delay_s == BERTH.preemption_delay_s  # not set: the base's value
     assert p.ordering == BERTH.ordering and p.placement == BERTH.placement
+
+
+def test_every_scalar_knob_of_a_policy_can_be_set_in_the_file():
+    # A knob added to Policy but not to the file would run only in code: an admin could not
+    # compare it in the simulator nor run it in the store.
+    # `quotas` off is what the fifo baselines are (simulator only): Berth always enforces them.
+    scalars = {
+        f.name for f in fields(Policy) if f.type in ("bool", "int", "float") and f.name != "quotas"
+    }
+    assert scalars, "Policy's annotations changed form; this test must still find its knobs"
+    assert scalars <= set(PolicyFile.model_fields)
+
+
+def test_kueues_preempt_mode_is_a_knob():
+    p = parse_policy({"base": "berth", "preempts_beyond_nominal": False})
+    assert p.preempts_beyond_nominal is False and BERTH.preempts_beyond_nominal is True
 
 
 def test_an_ordering_is_named_among_berths_own():
