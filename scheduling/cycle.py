@@ -332,14 +332,18 @@ class Cycle:
         if guarded:
             self.wake(unguarded_at)
         # A failed plan for a job means no plan for one of the same team, priority, topology
-        # and replicas that needs as much of every resource or more per replica, in this
-        # cycle (victims only get fewer), and that may take no more victims: a guarded search
+        # and replicas that needs as much of every resource or more per replica, until the
+        # cycle admits a job (it clears them: its team may then lend less or borrow more),
+        # and that may take no more victims: a guarded search
         # after a failed unguarded one, or one of the same kind (the guarded victims are some
         # of the unguarded ones). Those searches are skipped, and cost no search budget in
         # either mode: otherwise EXACT, which runs them, would spend a budget that FAST, whose
         # closed classes never reach them, keeps for a later job (a difference the property
         # test found: a copy of a job waiting less than the deadline took the last search).
-        key = (job.team, job.priority, job.topology, job.shared, job.replicas)
+        # Preemptibility is in the key: a non-preemptible job may not borrow, so its failure
+        # says nothing of a preemptible one's (seed 2904074779: a non-preemptible 4-GPU job's
+        # failed search skipped a preemptible 5-GPU one's, which EXACT found a plan for).
+        key = (job.team, job.priority, job.topology, job.shared, job.replicas, job.preemptible)
         known_to_fail = any(
             job.gpu >= g and job.cpu >= c and job.mem >= m and (guarded or not was_guarded)
             for g, c, m, was_guarded in self.no_plan.get(key, ())
@@ -471,6 +475,10 @@ class Cycle:
             self.admitted_floor[job.team] = job.priority
         self.cap.take_placement(placement, job.cpu, job.mem)
         self.quota.add(job.team, job.demand)
+        # Its team's usage grew: more of its running jobs may be reclaimed now (it borrows, or
+        # borrows more), so a search that failed may not fail again (seed 3240667649, under
+        # kueue-tas: a reclaim after a borrower's admission took two of its team's jobs).
+        self.no_plan.clear()
         self.result.admitted.append(Admit(job, placement, preempts))
         res = self.result.reservations.pop(job.id, None)
         if res is not None:
@@ -489,6 +497,8 @@ class Cycle:
             if v.priority > self.preempted_ceiling.get(v.team, v.priority - 1):
                 self.preempted_ceiling[v.team] = v.priority
             candidates.changed(v.team)
+        # The victims may free more than the job takes: what found no room may fit now.
+        self.no_room.clear()
         self._admit(job, plan.placement, tuple(v.job.id for v in plan.victims))
         # Capacity grew beyond what the preemptor took: what failed may fit now, and a search
         # that failed may not fail again. Classes closed earlier stay closed until the next
@@ -514,7 +524,11 @@ class Cycle:
             self.cap.hide(res.nodes)
 
     def wake(self, t: float) -> None:
-        if math.isinf(t):
+        """Ask for a cycle at `t`. A time not after now asks for nothing (this cycle already
+        saw the state it names) and must not hide a later wake-up: a failed search's next victim
+        already old enough set one, and the simulator never ran the cycle a later victim would
+        have made possible (seed 1279166970); a service would have rerun at once, in vain."""
+        if math.isinf(t) or t <= self.now:
             return
         if self.result.next_wakeup is None or t < self.result.next_wakeup:
             self.result.next_wakeup = t

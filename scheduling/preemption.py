@@ -94,7 +94,40 @@ def plan_preemption(
     `indexes`: the cycle's victims-by-node indexes, kept for its later one-node searches over
     the same candidates (shortcut 6); None builds one each time. `keep_nominal`: a reclaim
     victim's team must keep its nominal without it (`Policy.victim_keeps_nominal`); False:
-    it need only be borrowing when the victim is taken."""
+    it need only be borrowing when the victim is taken.
+
+    An unguarded search that fails is run again over the guarded victims alone: the searches
+    are greedy, and more candidates can make one fail (without `keep_nominal`, cheap victims
+    taken first may end a lender's borrowing and leave out the one that would do). So a failed
+    search means the job has no plan either way, which the cycle's shortcuts rely on when they
+    skip a guarded search after a failed unguarded one (seed 285299202: a younger class-mate,
+    still guarded, found the plan the older one's unguarded search missed)."""
+    for within_guards in (True,) if guarded else (False, True):
+        plan = _plan(
+            pool, cap, quota, job, excluded=excluded, max_candidates=max_candidates,
+            spared_above=spared_above, place=place, guarded=within_guards, indexes=indexes,
+            keep_nominal=keep_nominal,
+        )  # fmt: skip
+        if plan is not None:
+            return plan
+    return None
+
+
+def _plan(
+    pool: VictimPool,
+    cap: Capacity,
+    quota: QuotaLedger,
+    job: Job,
+    *,
+    excluded: set[str],
+    max_candidates: int,
+    spared_above: Mapping[str, int] | None,
+    place: Placer,
+    guarded: bool,
+    indexes: dict[tuple, NodeIndex] | None,
+    keep_nominal: bool,
+) -> PreemptionPlan | None:
+    """One search, over the victims `guarded` allows (plan_preemption)."""
     spared = spared_above or {}
     # First an upper bound on what the allowed victims could free: most searches end here,
     # before any list is built.
