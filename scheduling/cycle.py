@@ -153,7 +153,7 @@ class Cycle:
                 if self.cap.domain_free[CLUSTER][CLUSTER] + own < job.whole_gpus * job.replicas:
                     continue
             if job.priority < self.preempted_ceiling.get(job.team, job.priority):
-                self.wake(self.now + NEXT_INSTANT_S)
+                self._wait_for_next_instant()
                 continue  # its team just lost a job of higher priority: that one goes first
             if self.quota.check(job.team, job.demand, job.preemptible) is None:
                 placement = self._place(job)
@@ -202,6 +202,8 @@ class Cycle:
                 candidates.close_class(job.team, pending.klass)
                 if reason.code != Reason.QUOTA:
                     self._wake_when_a_mate_starves(pending)
+                if status is Status.NEEDS_PREEMPTION:
+                    self._wake_when_a_mate_may_preempt(pending)
             else:  # examine them here, where closing the class skips them
                 for mate in candidates.take_class(job.team, pending.klass):
                     self.nominate(mate, candidates)
@@ -224,10 +226,37 @@ class Cycle:
         starvation_s = self.policy.starvation_s
         if pending.since + starvation_s > self.now:
             return  # it has not starved: its own wake-up (nominate) comes first
+        self._wake_at_first_mate_after(pending, starvation_s)
+
+    def _wake_when_a_mate_may_preempt(self, pending: Pending) -> None:
+        """The class's head may preempt as things stand (NEEDS_PREEMPTION), so each mate
+        EXACT examines would too, from the end of its own preemption delay: one still in it
+        wakes the cycle then; one past it runs its search, which wakes when the mate's reclaim
+        deadline passes (Cycle._plan_preemption). The class's queue is in clock order, so the
+        first of each is the one that counts. Found by fresh examples (seed 1308851540, under
+        kueue-tas): FAST ran its next cycle 1e-14 s after EXACT, which woke for a mate."""
+        policy = self.policy
+        first = self._wake_at_first_mate_after(pending, policy.preemption_delay_s)
+        if first is None:
+            return
         queue = self.snap.queues[pending.job.team][pending.klass]
-        i = bisect_right(queue, self.now - starvation_s, key=_since)
+        deadline = policy.reclaim_deadline_s
+        i = bisect_right(queue, self.now, lo=0, hi=first, key=lambda p: p.since + deadline)
+        if i < first:  # mates past their delay, still guarded: the first is unguarded then
+            self.wake(queue[i].since + deadline)
+
+    def _wake_at_first_mate_after(self, pending: Pending, after_s: float) -> int | None:
+        """Wake when the first job of `pending`'s class whose clock plus `after_s` is still
+        to come gets there; its index in the class's queue (its length when none; None when
+        the class has no queue in the snapshot). The sum is the one EXACT computes for each
+        job, so rounding cannot put the wake-up at now or skip a job."""
+        queue = self.snap.queues.get(pending.job.team, {}).get(pending.klass)
+        if queue is None:
+            return None
+        i = bisect_right(queue, self.now, key=lambda p: p.since + after_s)
         if i < len(queue):
-            self.wake(queue[i].since + starvation_s)
+            self.wake(queue[i].since + after_s)
+        return i
 
     def _mate_holds(self, pending: Pending, reservations: Mapping[str, Reservation]) -> bool:
         """Does another pending job of `pending`'s class hold a reservation? (There are at
@@ -251,7 +280,7 @@ class Cycle:
         job = pending.job
         ceiling = self.preempted_ceiling.get(job.team)
         if ceiling is not None and job.priority < ceiling:
-            self.wake(self.now + NEXT_INSTANT_S)
+            self._wait_for_next_instant()
             return Status.SKIPPED, PendingReason(
                 Reason.BEHIND,
                 f"a job of team {job.team} with priority {ceiling} was preempted just now; it "
@@ -522,6 +551,14 @@ class Cycle:
         if res is not None:
             reservations[job.id] = res
             self.cap.hide(res.nodes)
+
+    def _wait_for_next_instant(self) -> None:
+        """A job waits only for this instant to pass (its team lost a job of higher priority
+        now). Any later cycle may admit it: the result says so, so that no shortcut takes a
+        job queued before the wake-up as settling nothing (seed 1308851540, under kueue-tas:
+        a submit 1 s later found the cycle skipped)."""
+        self.result.until_next_instant = True
+        self.wake(self.now + NEXT_INSTANT_S)
 
     def wake(self, t: float) -> None:
         """Ask for a cycle at `t`. A time not after now asks for nothing (this cycle already

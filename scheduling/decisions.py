@@ -111,13 +111,16 @@ class CycleResult:
     # outcome, with nothing else changed, would decide the same. After an admission it may
     # not: shares and the order move, and a search budget goes to another job.
     fixed_point: bool = False
+    # A job waited only for this instant to pass (a team that lost a job now admits none of
+    # lower priority now): a cycle at any later time may decide otherwise, before next_wakeup.
+    until_next_instant: bool = False
 
     def settles(self, job: Job) -> bool:
         """True when a cycle run now, with `job` newly queued and no other change, would
         decide nothing: this one changed nothing, and its class failed (a new member queues
         behind the one that failed) or its team's queue was closed. Time-driven changes come
-        as next_wakeup."""
-        if not self.fixed_point:
+        as next_wakeup, or right after this instant (`until_next_instant`)."""
+        if not self.fixed_point or self.until_next_instant:
             return False
         return (job.team, job.shape) in self.by_shape or job.team in self.tail
 

@@ -196,7 +196,11 @@ class VictimPool:
             return self._unguarded
         everyone: dict[str, list[Running]] = {}
         now = snap.now
-        for r in snap.running_by_start.irange_key(max_key=(now - self.min_runtime_s, "\U0010ffff")):
+        # Widened as in `victims`: `now - min_runtime_s` may round below a start whose
+        # `start + min_runtime_s` (the wake-up's sum) is `now` (seed 523156888: a borrower's
+        # job left out of reclaim at the very instant it became a victim, 125.2 + 60).
+        latest = now - self.min_runtime_s + _SLACK_S
+        for r in snap.running_by_start.irange_key(max_key=(latest, "\U0010ffff")):
             if r.job.preemptible and r.start_time + self.min_runtime_s <= now:
                 everyone.setdefault(r.job.team, []).append(r)
         for runs in everyone.values():

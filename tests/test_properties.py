@@ -24,6 +24,7 @@ The tests at the end reproduce engine bugs the audit found, each on a small trac
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections import Counter
@@ -31,6 +32,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -615,3 +617,18 @@ def test_a_cheap_victim_does_not_spend_the_margin_the_useful_one_needs() -> None
         TraceJob("j", 200, "a", 1, 3, 100),
     ]
     assert _lender_admitted_at(spec, teams, trace) <= 200 + GUARDED.reclaim_bound_s
+
+
+def test_a_borrowers_job_is_reclaimable_at_the_instant_it_passes_its_minimum_run_time() -> None:
+    """Fresh examples on the GPU machine's cores drew it (seed 523156888): j5 started at 125.2
+    and became a victim at 125.2 + 60 = 185.2, when the cycle woke for it; the unguarded
+    victims' range query stopped at 185.2 - 60, which rounds below 125.2, so the lender's
+    jobs within nominal waited until t=291 (the audit's nominal_deficit)."""
+    path = Path(__file__).parent / "data" / "audit_unguarded_victim_rounding.json"
+    raw = json.loads(path.read_text())
+    s = Scenario(
+        raw["cluster_spec"], raw["team_specs"], [TraceJob(**j) for j in raw["trace"]], raw["knobs"]
+    )
+    for policy in TOPOLOGY_AWARE:
+        result = _simulate(s, policy)
+        audit_or_raise(result.events, s.cluster, s.teams, s.policy(policy), s.jobs)

@@ -118,6 +118,30 @@ def test_a_closed_class_still_wakes_when_a_class_mate_starves() -> None:
     _same_decisions(_load(DATA / "shortcuts_mate_starves.json"))
 
 
+@pytest.mark.parametrize(("deadline", "x2_at"), [(3600, 500), (900, 200)])
+def test_a_closed_class_still_wakes_when_a_class_mate_may_preempt(
+    deadline: float, x2_at: float
+) -> None:
+    """x1 and x2 are one class (4 GPUs at priority 1) behind a non-preemptible job, so every
+    search fails; the preemption delay is 600 s. At t=1000 x1 may preempt, and x2, examined
+    by EXACT, wakes it at t=1100: when its delay ends (submitted at 500), or when its reclaim
+    deadline of 900 s passes (submitted at 200; its search ran guarded). FAST, which closes
+    the class after x1, must wake then too, not at x1's own deadline or never."""
+    from builders import World, cluster, job, policy, teams
+
+    from scheduling.cycle import schedule
+
+    pol = policy(preemption_delay_s=600, reclaim_deadline_s=deadline)
+    w = World(cluster(nodes=1, gpus=4, groups=1), teams(a=4), pol)
+    w.submit(job("r", "a", gpus=4, preemptible=False), at=0)
+    w.cycle(0)
+    w.submit(job("x1", "a", gpus=4, priority=1), at=0)
+    w.submit(job("x2", "a", gpus=4, priority=1), at=x2_at)
+    snap = w.state.snapshot(1000)
+    wakes = [schedule(snap, w.policy, mode).next_wakeup for mode in (FAST, EXACT)]
+    assert wakes == [1100, 1100]
+
+
 def _load(path: Path) -> Scenario:
     raw = json.loads(path.read_text())
     for key in ("found_by", "policy", "cause"):
@@ -131,6 +155,6 @@ FIXED = sorted((DATA / "shortcuts_fixed").glob("*.json"))
 
 @pytest.mark.parametrize("path", FIXED, ids=[p.stem for p in FIXED])
 def test_differences_found_on_fresh_examples_stay_fixed(path: Path) -> None:
-    """Five scenarios fresh examples drew on the GPU machine's cores, in which FAST and EXACT
+    """Scenarios fresh examples drew on the GPU machine's cores, in which FAST and EXACT
     decided differently; each file says why (`cause`). Each fails without its fix."""
     _same_decisions(_load(path))
