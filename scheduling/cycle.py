@@ -25,7 +25,6 @@ and side effects belong to whoever applies the result (`state.EngineState.apply`
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from collections import Counter
 from collections.abc import Mapping
 
@@ -39,7 +38,6 @@ from scheduling.decisions import (
     PendingReason,
     Preempt,
     Reason,
-    Reservation,
     Status,
 )
 from scheduling.jobs import Job, Pending, Placement, Running
@@ -48,7 +46,7 @@ from scheduling.policy import Policy
 from scheduling.preemption import PreemptionPlan, plan_preemption
 from scheduling.quota import QuotaProblem
 from scheduling.reservation import choose_reservation
-from scheduling.shortcuts import FAST, Shortcuts
+from scheduling.shortcuts import FAST, Shortcuts, closed_class_wakes, mate_holds
 from scheduling.snapshot import Snapshot
 from scheduling.victim_index import NodeIndex
 from scheduling.victims import VictimPool
@@ -191,7 +189,7 @@ class Cycle:
         reservations = result.reservations
         if (
             job.id not in reservations or len(reservations) >= policy.max_reservations
-        ) and not self._mate_holds(pending, reservations):
+        ) and not mate_holds(pending, reservations, self.snap.pending):
             # The rest of its class would fail alike: close it; they share this reason. Not
             # while it holds a reservation and more are allowed: a starving class-mate may
             # get one too (it cannot do better than this job otherwise). Nor while a
@@ -200,10 +198,16 @@ class Cycle:
             if self.fast:
                 self.failed[(job.team, pending.klass)] = reason
                 candidates.close_class(job.team, pending.klass)
-                if reason.code != Reason.QUOTA:
-                    self._wake_when_a_mate_starves(pending)
-                if status is Status.NEEDS_PREEMPTION:
-                    self._wake_when_a_mate_may_preempt(pending)
+                queue = self.snap.queues.get(job.team, {}).get(pending.klass, ())
+                for t in closed_class_wakes(
+                    queue,
+                    pending,
+                    policy,
+                    self.now,
+                    on_quota=reason.code == Reason.QUOTA,
+                    may_preempt=status is Status.NEEDS_PREEMPTION,
+                ):
+                    self.wake(t)
             else:  # examine them here, where closing the class skips them
                 for mate in candidates.take_class(job.team, pending.klass):
                     self.nominate(mate, candidates)
@@ -217,61 +221,6 @@ class Cycle:
             # for a job that waits on quota: within its nominal, reclaim's bound serves it;
             # borrowing, it has no claim. A finish, which may change that, runs a cycle.
             self.wake(starves_at)
-
-    def _wake_when_a_mate_starves(self, pending: Pending) -> None:
-        """A closed class's jobs are not examined, but their starvation clocks still run: wake
-        when the first of them that has not starved yet starves, as examining each would (a
-        class's queue is in clock order, so the first is found by bisection). Found by fresh
-        examples on the GPU machine's cores (seed 2589865271): FAST woke later than EXACT."""
-        starvation_s = self.policy.starvation_s
-        if pending.since + starvation_s > self.now:
-            return  # it has not starved: its own wake-up (nominate) comes first
-        self._wake_at_first_mate_after(pending, starvation_s)
-
-    def _wake_when_a_mate_may_preempt(self, pending: Pending) -> None:
-        """The class's head may preempt as things stand (NEEDS_PREEMPTION), so each mate
-        EXACT examines would too, from the end of its own preemption delay: one still in it
-        wakes the cycle then; one past it runs its search, which wakes when the mate's reclaim
-        deadline passes (Cycle._plan_preemption). The class's queue is in clock order, so the
-        first of each is the one that counts. Found by fresh examples (seed 1308851540, under
-        kueue-tas): FAST ran its next cycle 1e-14 s after EXACT, which woke for a mate."""
-        policy = self.policy
-        first = self._wake_at_first_mate_after(pending, policy.preemption_delay_s)
-        if first is None:
-            return
-        queue = self.snap.queues[pending.job.team][pending.klass]
-        deadline = policy.reclaim_deadline_s
-        i = bisect_right(queue, self.now, lo=0, hi=first, key=lambda p: p.since + deadline)
-        if i < first:  # mates past their delay, still guarded: the first is unguarded then
-            self.wake(queue[i].since + deadline)
-
-    def _wake_at_first_mate_after(self, pending: Pending, after_s: float) -> int | None:
-        """Wake when the first job of `pending`'s class whose clock plus `after_s` is still
-        to come gets there; its index in the class's queue (its length when none; None when
-        the class has no queue in the snapshot). The sum is the one EXACT computes for each
-        job, so rounding cannot put the wake-up at now or skip a job."""
-        queue = self.snap.queues.get(pending.job.team, {}).get(pending.klass)
-        if queue is None:
-            return None
-        i = bisect_right(queue, self.now, key=lambda p: p.since + after_s)
-        if i < len(queue):
-            self.wake(queue[i].since + after_s)
-        return i
-
-    def _mate_holds(self, pending: Pending, reservations: Mapping[str, Reservation]) -> bool:
-        """Does another pending job of `pending`'s class hold a reservation? (There are at
-        most `max_reservations` of them: a short walk.)"""
-        job, waiting = pending.job, self.snap.pending
-        for holder in reservations:
-            mate = waiting.get(holder)
-            if (
-                holder != job.id
-                and mate is not None
-                and mate.job.team == job.team
-                and mate.klass == pending.klass
-            ):
-                return True
-        return False
 
     def _admit_or_explain(
         self, pending: Pending, candidates: Candidates
@@ -526,8 +475,6 @@ class Cycle:
             if v.priority > self.preempted_ceiling.get(v.team, v.priority - 1):
                 self.preempted_ceiling[v.team] = v.priority
             candidates.changed(v.team)
-        # The victims may free more than the job takes: what found no room may fit now.
-        self.no_room.clear()
         self._admit(job, plan.placement, tuple(v.job.id for v in plan.victims))
         # Capacity grew beyond what the preemptor took: what failed may fit now, and a search
         # that failed may not fail again. Classes closed earlier stay closed until the next
@@ -584,7 +531,3 @@ _UNKNOWN = object()
 def _lowest(running_priorities: Mapping[str, Counter], team: str) -> int | None:
     priorities = running_priorities.get(team)
     return min(priorities) if priorities else None
-
-
-def _since(p: Pending) -> float:
-    return p.since

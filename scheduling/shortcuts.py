@@ -17,8 +17,10 @@ way as one already run in the cycle. The shortcuts skip that repeated work:
    which grow it, forget what was remembered).
 3. **Remembered failed preemption searches.** A search that found no plan skips the later
    searches of jobs with the same team, priority, topology, replicas and guard that need at
-   least as much of every resource per replica; a preemption, which frees more than its
-   preemptor takes, forgets them.
+   least as much of every resource per replica; an admission forgets them (its team uses
+   more, so more of its jobs may be reclaimed), and a preemption, which may free more than its
+   preemptor takes. An unguarded search that fails is run again within the guards
+   (`plan_preemption`), so a failed one says the guarded one fails too.
 4. **Reservation holders that cannot fit**: not enough free GPUs outside the other
    reservations plus its own: the placement attempt, which could only fail, is skipped.
 5. **Reruns that can only fail on quota** (`rerun_settles`): the simulator runs a cycle
@@ -43,17 +45,22 @@ the other teams' jobs is the same in both modes). They must decide the same:
 `tests/test_shortcuts.py` replays generated scenarios, whose jobs come in copies, both ways
 under every policy and compares every decision. The preemption search budget counts a search
 only where no equal or smaller one of its key already failed, in both modes (in `FAST` such
-searches are not run at all). The test found four defects, fixed (docs/decisions/0010).
+searches are not run at all). The defects the test found, each fixed, are listed in
+docs/decisions/0010.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduling.decisions import CycleResult, PendingReason, Reason, Status
 
 if TYPE_CHECKING:
+    from scheduling.decisions import Reservation
+    from scheduling.jobs import Pending
     from scheduling.policy import Policy
     from scheduling.state import EngineState
 
@@ -65,6 +72,73 @@ class Shortcuts:
 
 FAST = Shortcuts(True)
 EXACT = Shortcuts(False)
+
+
+# -- shortcut 1: what a closed class still owes ------------------------------------------------
+
+
+def mate_holds(
+    pending: Pending, reservations: Mapping[str, Reservation], waiting: Mapping[str, Pending]
+) -> bool:
+    """Does another pending job of `pending`'s class hold a reservation? Then the class stays
+    open (there are at most `max_reservations` holders: a short walk)."""
+    job = pending.job
+    for holder in reservations:
+        mate = waiting.get(holder)
+        if (
+            holder != job.id
+            and mate is not None
+            and mate.job.team == job.team
+            and mate.klass == pending.klass
+        ):
+            return True
+    return False
+
+
+def closed_class_wakes(
+    queue: Sequence[Pending],
+    head: Pending,
+    policy: Policy,
+    now: float,
+    *,
+    on_quota: bool,
+    may_preempt: bool,
+) -> Iterator[float]:
+    """The wake-ups that the jobs of a class closed after `head` failed would have asked for,
+    had each been examined as EXACT examines them. `queue`: the class's jobs, in clock order
+    (`Pending.since`), so the first of each kind is found by bisection; `on_quota`: the head
+    failed on quota; `may_preempt`: it may preempt as things stand (NEEDS_PREEMPTION).
+
+    - Starvation (not for a class waiting on quota, which the guard does not serve): when the
+      head has starved, the next mate that has not starved yet wakes the cycle when it does
+      (seed 2589865271, found on the GPU machine's cores: FAST woke later than EXACT);
+    - with `may_preempt`, each mate may preempt from the end of its own preemption delay: one
+      still in it wakes the cycle then; one past it runs its search, which wakes when its
+      reclaim deadline passes (seed 1308851540, under kueue-tas: FAST ran its next cycle
+      1e-14 s after EXACT, which woke for a mate).
+
+    Each sum is the one EXACT computes for each job, so rounding cannot put a wake-up at now
+    or skip a job."""
+    if not on_quota and head.since + policy.starvation_s <= now:
+        i = _first_after(queue, now, policy.starvation_s)
+        if i < len(queue):
+            yield queue[i].since + policy.starvation_s
+    if may_preempt:
+        delay, deadline = policy.preemption_delay_s, policy.reclaim_deadline_s
+        first = _first_after(queue, now, delay)
+        if first < len(queue):
+            yield queue[first].since + delay
+        i = bisect_right(queue, now, hi=first, key=lambda p: p.since + deadline)
+        if i < first:  # mates past their delay, still guarded: the first is unguarded then
+            yield queue[i].since + deadline
+
+
+def _first_after(queue: Sequence[Pending], now: float, after_s: float) -> int:
+    """The index of the first job whose clock plus `after_s` is after now (the length if none)."""
+    return bisect_right(queue, now, key=lambda p: p.since + after_s)
+
+
+# -- shortcut 5 -------------------------------------------------------------------------------
 
 
 def rerun_settles(result: CycleResult, state: EngineState, policy: Policy) -> CycleResult | None:

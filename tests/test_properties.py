@@ -81,6 +81,8 @@ KNOBS: dict[str, list[float | bool]] = {
     "max_preemption_searches_per_team": [BERTH.max_preemption_searches_per_team, 1, 0],
     "reclaim_deadline_s": [BERTH.reclaim_deadline_s, 0.0, 300.0],
     "victim_keeps_nominal": [BERTH.victim_keeps_nominal, False],
+    "preempts_beyond_nominal": [BERTH.preempts_beyond_nominal, False],
+    "reclaim_searches_per_team": [BERTH.reclaim_searches_per_team, 1],
 }
 
 
