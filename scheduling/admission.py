@@ -13,6 +13,7 @@ from functools import lru_cache
 from scheduling.capacity import Capacity
 from scheduling.cluster import Cluster
 from scheduling.jobs import Job
+from scheduling.models import node_sets, unknown_models
 from scheduling.placement import max_level, place_gang
 from scheduling.quota import Team, cohort_pool
 from scheduling.resources import GPU_UNIT, Resources, fmt_gpus, gpu_request_problem
@@ -34,10 +35,22 @@ def _empty(cluster: Cluster) -> Capacity:
 
 @lru_cache(maxsize=4096)  # jobs come in few shapes; placing each on an empty cluster is costly
 def _fits_when_empty(
-    cluster: Cluster, replicas: int, gpu: int, cpu: int, mem: int, topology: str
+    cluster: Cluster,
+    replicas: int,
+    gpu: int,
+    cpu: int,
+    mem: int,
+    topology: str,
+    models: tuple[str, ...] = (),
+    mixed: bool = False,
 ) -> bool:
-    job = Job("", "", replicas, gpu, cpu, mem, topology=topology)
-    return place_gang(_empty(cluster), job) is not None
+    job = Job("", "", replicas, gpu, cpu, mem, topology=topology, gpu_models=models,
+              mixed_models=mixed)  # fmt: skip
+    empty = _empty(cluster)
+    sets = node_sets(cluster, job)
+    if sets is None:
+        return place_gang(empty, job) is not None
+    return any(place_gang(empty.only(nodes), job) is not None for nodes in sets)
 
 
 def check_job(
@@ -76,18 +89,33 @@ def check_job(
             f"topology {job.topology!r} is not a level of cluster {cluster.name}; use one of: "
             f"{levels}",
         )
+    unknown = unknown_models(cluster, job.gpu_models)
+    if unknown:
+        return Rejection(
+            "invalid",
+            "gpu_model",
+            f"GPU model(s) {', '.join(map(repr, unknown))} not in cluster {cluster.name}; it "
+            f"has: {', '.join(cluster.models)} (or leave gpu_model out for any)",
+        )
     if quotas:
         rejection = _check_quota(job, teams)
         if rejection:
             return rejection
-    if fit and not _fits_when_empty(cluster, job.replicas, job.gpu, job.cpu, job.mem, job.topology):
+    if fit and not _fits_when_empty(
+        cluster, job.replicas, job.gpu, job.cpu, job.mem, job.topology, job.gpu_models,
+        job.mixed_models,
+    ):  # fmt: skip
+        where = f"any one {max_level(job)} of cluster {cluster.name}"
+        fix = "ask for fewer or smaller replicas, or a wider topology"
+        if node_sets(cluster, job) is not None:
+            where = f"the GPUs of any one model it accepts in {max_level(job)}s of {cluster.name}"
+            fix += ", more GPU models or mixed_models"
         return Rejection(
             "infeasible",
             "replicas" if job.replicas > 1 else "gpus_per_replica",
             f"{job.replicas} x {fmt_gpus(job.gpu)} GPU (with {job.cpu / 1000:g} CPUs, "
-            f"{job.mem / 1024:g} GiB each) does not fit in any one {max_level(job)} of cluster "
-            f"{cluster.name} even when it is empty; ask for fewer or smaller replicas, or a "
-            "wider topology",
+            f"{job.mem / 1024:g} GiB each) does not fit in {where} even when it is empty; "
+            f"{fix}",
         )
     return None
 

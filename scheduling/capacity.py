@@ -101,6 +101,12 @@ class Capacity:
                 self._index(i, -1)
                 self.hidden.add(i)
 
+    def only(self, nodes: frozenset[int]) -> Capacity:
+        """A copy in which every node outside `nodes` is hidden (a job's GPU models)."""
+        view = self.clone()
+        view.hide(i for i in range(len(self.free)) if i not in nodes)
+        return view
+
     def unhide(self, nodes: Iterable[int]) -> None:
         for i in nodes:
             if i in self.hidden:

@@ -119,6 +119,19 @@ class Cluster:
     def max_group_size(self) -> int:
         return max((m.bit_count() for n in self.nodes for m in n.groups), default=0)
 
+    @cached_property
+    def models(self) -> tuple[str, ...]:
+        """The GPU models of its nodes, each once, in node order."""
+        return tuple(dict.fromkeys(n.gpu_model for n in self.nodes))
+
+    @cached_property
+    def model_nodes(self) -> dict[str, frozenset[int]]:
+        """GPU model -> the indices of its nodes."""
+        out: dict[str, set[int]] = {}
+        for n in self.nodes:
+            out.setdefault(n.gpu_model, set()).add(n.index)
+        return {m: frozenset(ix) for m, ix in out.items()}
+
     def slowdown_of(self, level: str) -> float:
         return float(self.slowdown.get(level, 1.0))
 

@@ -321,7 +321,10 @@ class Cycle:
         # Preemptibility is in the key: a non-preemptible job may not borrow, so its failure
         # says nothing of a preemptible one's (seed 2904074779: a non-preemptible 4-GPU job's
         # failed search skipped a preemptible 5-GPU one's, which EXACT found a plan for).
-        key = (job.team, job.priority, job.topology, job.shared, job.replicas, job.preemptible)
+        key = (
+            job.team, job.priority, job.topology, job.shared, job.replicas, job.preemptible,
+            job.gpu_models, job.mixed_models,
+        )  # fmt: skip
         known_to_fail = any(
             job.gpu >= g and job.cpu >= c and job.mem >= m and (guarded or not was_guarded)
             for g, c, m, was_guarded in self.no_plan.get(key, ())
@@ -377,7 +380,8 @@ class Cycle:
         the team, so they are remembered for the whole cycle (capacity only shrinks in it)."""
         own_reservation = job.id in self.result.reservations
         opened = self._backfill(job)
-        key = (*job.shape[1:6], opened)  # replicas, gpu, cpu, mem, topology; reserved nodes
+        # replicas, gpu, cpu, mem, topology, GPU models; reserved nodes
+        key = (*job.shape[1:6], job.gpu_models, job.mixed_models, opened)
         if self.fast and not own_reservation and key in self.no_room:
             return self.no_room[key]
         placement = self._place(job, opened)

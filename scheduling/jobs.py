@@ -18,6 +18,8 @@ class Job:
     limit may backfill the nodes of a reservation (EASY backfill, `scheduling/backfill.py`).
     `checkpoint_s`: the job saves a checkpoint at least this often while it runs (infinite:
     never), so a preemption loses only the work since its last one (`Running.unsaved_s`).
+    `gpu_models`: the GPU models it accepts, in order of preference (empty: any); every
+    replica runs on one model unless `mixed_models` (`scheduling/models.py`).
     Validation lives in `admission.check_job`; the engine trusts a Job.
     """
 
@@ -33,10 +35,12 @@ class Job:
     submit_time: float = 0.0
     time_limit_s: float = math.inf
     checkpoint_s: float = math.inf
+    gpu_models: tuple[str, ...] = ()
+    mixed_models: bool = False
     demand: Resources = field(init=False, repr=False, compare=False)  # the whole gang's request
     # Jobs of one shape and team succeed or fail alike within a cycle (the class queues); the
     # time limit is part of it, as it decides which reserved nodes a job may backfill.
-    shape: tuple[int, int, int, int, int, str, bool, float] = field(
+    shape: tuple[int, int, int, int, int, str, bool, float, tuple[str, ...], bool] = field(
         init=False, repr=False, compare=False
     )
     # GPUs per replica when exclusive; 0 for a shared (fractional) replica.
@@ -55,6 +59,8 @@ class Job:
             self.topology,
             self.preemptible,
             self.time_limit_s,
+            self.gpu_models,
+            self.mixed_models,
         )
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "whole_gpus", self.gpu // GPU_UNIT if self.gpu >= GPU_UNIT else 0)

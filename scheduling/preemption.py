@@ -23,6 +23,7 @@ from itertools import islice
 
 from scheduling.capacity import Capacity
 from scheduling.jobs import Job, Placement, Running
+from scheduling.models import accepted_nodes
 from scheduling.placement import TOPOLOGY
 from scheduling.quota import QuotaLedger, below_nominal_after, borrows_in
 from scheduling.resources import ZERO, Resources
@@ -254,10 +255,13 @@ def _plan_on_index(
     # node and sorting, without costing the nodes past the one that makes it.
     heap: list[tuple[tuple, list[Running] | None]] = []
     free_masks, hidden = cap.free, cap.hidden  # read directly: a loop over thousands of nodes
+    accepted = accepted_nodes(cap.cluster, job)  # None: any node's GPU model will do
     for node, victims in by_node.items():
         free = free_masks[node].bit_count()
         if free + freeable[node] < need or node in hidden:
             continue  # even every victim here would not free enough
+        if accepted is not None and node not in accepted:
+            continue  # GPUs of a model the job does not accept
         if own is not ZERO and quota.own_limits_break(
             team, job.demand, preemptible, _own_release([v for v, _, _ in victims], team)
         ):

@@ -11,10 +11,13 @@ run-time estimates, which production jobs do not give.
 
 from __future__ import annotations
 
+from itertools import product
+
 from scheduling.capacity import Capacity
 from scheduling.cluster import GPU_GROUP, NODE
 from scheduling.decisions import Reservation
 from scheduling.jobs import Job
+from scheduling.models import node_sets
 from scheduling.placement import max_level, replica_slots
 
 
@@ -50,14 +53,20 @@ def choose_reservation(cap: Capacity, job: Job, now: float, taken: set[int]) -> 
     limit = cl.rank[max_level(job)]
     if job.replicas == 1:
         limit = min(limit, cl.rank[NODE])
+    # Nodes of one GPU model the job accepts at a time (all of them for a mixed gang).
+    model_sets: tuple[frozenset[int] | None, ...] = node_sets(cl, job) or (None,)
     for level in cl.order[: limit + 1]:
         if level in (GPU_GROUP, NODE):
             domains = {cl.nodes[i].name: (i,) for i in range(len(cl.nodes))}
         else:
             domains = dict(cl.domains[level])
         best: tuple[int, str, tuple[int, ...]] | None = None
-        for dom, nodes in domains.items():
-            free_nodes = tuple(i for i in nodes if i not in taken)
+        for (dom, nodes), models in product(domains.items(), model_sets):
+            free_nodes = tuple(
+                i for i in nodes if i not in taken and (models is None or i in models)
+            )
+            if not free_nodes:
+                continue
             if level == GPU_GROUP and not any(
                 m.bit_count() >= max(job.whole_gpus, 1) * job.replicas
                 for m in cl.nodes[nodes[0]].groups

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from scheduling.cluster import GPU_GROUP
+from scheduling.models import node_sets
 
 if TYPE_CHECKING:
     from scheduling.capacity import Capacity
@@ -73,7 +74,16 @@ class Placer:
     whole_gangs_in_domain: bool = True
 
     def __call__(self, cap: Capacity, job: Job) -> Placement | None:
-        return self.place(cap, job)
+        """The job's placement within the GPU models it accepts, one model per gang unless
+        it asks for mixed ones (`scheduling/models.py`), in the order it prefers them."""
+        sets = node_sets(cap.cluster, job)
+        if sets is None:
+            return self.place(cap, job)
+        for nodes in sets:
+            placement = self.place(cap.only(nodes), job)
+            if placement is not None:
+                return placement
+        return None
 
 
 class CycleOps(Protocol):

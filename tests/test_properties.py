@@ -117,8 +117,9 @@ class Scenario:
 @st.composite
 def cluster_specs(draw: st.DrawFn) -> dict[str, Any]:
     """1-6 nodes of 1-8 GPUs in 1-2 groups; maybe racks (1-3 nodes) and blocks; CPUs and
-    memory plenty or tight."""
+    memory plenty or tight; one GPU model, or (one time in three) two."""
     levels = draw(st.sampled_from([[], ["rack"], ["block"], ["block", "rack"]]))
+    two_models = draw(st.sampled_from([False, False, True]))
     per_rack = draw(st.integers(1, 3))
     racks_per_block = draw(st.integers(1, 2))
     tight = draw(st.booleans())
@@ -137,6 +138,8 @@ def cluster_specs(draw: st.DrawFn) -> dict[str, Any]:
                 "labels": {level: labels[level] for level in levels},
             }
         )
+        if two_models:
+            nodes[-1]["gpu_model"] = draw(st.sampled_from(["A100", "H100"]))
     return {"topology_levels": levels, "nodes": nodes}
 
 
@@ -172,6 +175,10 @@ TIME_LIMITS = st.sampled_from([None, None, None, 300.0, 1200.0, 2400.0])
 CHECKPOINTS = st.sampled_from([None, None, None, 120.0, 600.0])
 # True about one time in sixteen: st.integers(0, 15) draws its bounds far more often than that.
 ONE_IN_16 = st.sampled_from([False] * 15 + [True])
+# What a job says of GPU models (on a cluster of two): nothing (any, one model per gang), the
+# model of the node it was sized on, the other model or that one (the other preferred), or any
+# with mixed models allowed.
+MODEL_ASKS = st.sampled_from(["any", "any", "any", "its", "other-first", "mixed"])
 INFEASIBLE_HOW = st.integers(0, 4)
 
 
@@ -202,7 +209,14 @@ def trace_jobs(
         preemptible = draw(PREEMPTIBLE) or _reach(teams, team, preemptible=False).gpu < 250
         topology = draw(levels)
         reach = _reach(teams, team, preemptible)
-        replicas, gpus, cpus, memory = _gang(draw, cluster, draw(nodes), reach, topology)
+        node = draw(nodes)
+        ask = draw(MODEL_ASKS) if len(cluster.models) > 1 else "any"
+        model = None if ask == "mixed" else node.gpu_model  # the gang stays on this one
+        replicas, gpus, cpus, memory = _gang(draw, cluster, node, reach, topology, model)
+        gpu_model = {
+            "its": node.gpu_model,
+            "other-first": f"{'A100' if node.gpu_model == 'H100' else 'H100'}|{node.gpu_model}",
+        }.get(ask)
         job = TraceJob(
             job_id=f"j{j}",
             submit_time=draw(submit),
@@ -217,6 +231,8 @@ def trace_jobs(
             memory_gb_per_replica=memory,
             time_limit_s=draw(TIME_LIMITS),
             checkpoint_s=draw(CHECKPOINTS),
+            gpu_model=gpu_model,
+            mixed_models=ask == "mixed",
         )
         if draw(ONE_IN_16):
             job = _infeasible(job, draw(INFEASIBLE_HOW), biggest_node)
@@ -225,11 +241,17 @@ def trace_jobs(
 
 
 def _gang(
-    draw: st.DrawFn, cluster: Cluster, node: Node, reach: Resources, topology: str
+    draw: st.DrawFn,
+    cluster: Cluster,
+    node: Node,
+    reach: Resources,
+    topology: str,
+    model: str | None = None,
 ) -> tuple[int, float, float, float]:
     """(replicas, GPUs, CPUs, GiB per replica) of a gang that fits one domain of `topology`
     on the empty cluster, and `reach` (what its team may ever hold): a replica fits `node`
-    (or a GPU group of it), and the gang the nodes of its domain."""
+    (or a GPU group of it), and the gang the nodes of its domain (those of GPU model `model`
+    when given: a gang runs on one model)."""
     if topology == GPU_GROUP:
         unit, domain = node.gpus // len(node.groups), [node]
     elif topology == NODE:
@@ -240,6 +262,8 @@ def _gang(
         dom = cluster.domain_of[topology][node.index]
         unit = node.gpus
         domain = [cluster.nodes[i] for i in cluster.domains[topology][dom]]
+    if model is not None:
+        domain = [n for n in domain if n.gpu_model == model]
     gpus = draw(_gpu_choices(unit))
     cpus = draw(_choices((0, 0, 1, 2, 8), node.cpu // 1000))
     memory = draw(_choices((0, 0, 4, 16), node.mem // 1024))

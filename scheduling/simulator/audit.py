@@ -11,7 +11,9 @@ reclaim by a team that would then be above its nominal, a preemptor that had not
 job of its team), `rejection` (a rejected job that could run on the empty cluster within its
 team's reach), `duration` (a run that did not last duration x slowdown, or one not stopped
 exactly at its time limit), `liveness` (a job neither rejected nor finished at the end),
-`lifecycle` (an event that does not fit the job's state, or time going back) and
+`lifecycle` (an event that does not fit the job's state, or time going back), `gpu_model` (a
+replica on a GPU model the job does not accept, or a gang on several models that did not ask
+for mixed ones) and
 `nominal_deficit` (a lender's job left waiting past `Policy.reclaim_bound_s` while a
 borrowed job could make room for it: `audit_deficit.py`).
 
@@ -260,7 +262,20 @@ class _Auditor(RuleChecks, DeficitBound):
                 limit = NODE  # Kueue cannot ask for a GPU group: the best it can ask is a node
             if limit not in rank or rank[true] > rank[limit]:
                 self.flag(jid, "topology", f"spans a {true}; the job requires {job.topology}")
+        self.check_models(job, reps)
         return delta
+
+    def check_models(self, job: TraceJob, reps: list[Rep]) -> None:
+        """Every replica on a GPU model the job accepts, and on one model unless mixed."""
+        models = sorted({self.cluster.nodes[node].gpu_model for node, _, _ in reps})
+        accepted = job.gpu_models
+        wrong = [m for m in models if accepted and m not in accepted]
+        if wrong:
+            self.flag(job.job_id, "gpu_model", f"placed on {', '.join(wrong)}; it accepts "
+                      f"{', '.join(accepted)}")  # fmt: skip
+        if len(models) > 1 and not job.mixed_models:
+            self.flag(job.job_id, "gpu_model", f"one gang on {', '.join(models)}; it did not "
+                      "ask for mixed models")  # fmt: skip
 
     def parse(self, job: TraceJob, entries: list[dict[str, Any]], kind: str) -> list[Rep]:
         """The placement's well-formed replicas; flags a gang that is not whole."""

@@ -59,7 +59,10 @@ class DeficitBound:
         if got is None:
             r = Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
             limit = math.inf if job.time_limit_s is None else job.time_limit_s
-            key = (job.team, job.priority, job.replicas, r, job.topology, job.preemptible, limit)
+            key = (
+                job.team, job.priority, job.replicas, r, job.topology, job.preemptible, limit,
+                job.gpu_model, job.mixed_models,
+            )  # fmt: skip
             got = self.shapes[job.job_id] = (r, r * job.replicas, key)
         return got
 
@@ -246,12 +249,19 @@ class DeficitBound:
             u = v.job.team
             if u == team or (best is not None and v.start >= best.start):
                 continue
-            if not any(g >= d.gpu and c >= d.cpu and m >= d.mem for _, g, c, m in v.rooms):
+            if not any(
+                g >= d.gpu and c >= d.cpu and m >= d.mem and self.accepts(job, i)
+                for i, g, c, m in v.rooms
+            ):
                 continue
             pool = drawn - draws[u] + (hi[u] - v.demand - self.guaranteed[u]).clamp_low()
             if pool.first_excess(self.pool) is None:
                 best = v
         return best
+
+    def accepts(self, job: TraceJob, node: int) -> bool:
+        """Is the node's GPU model one the job accepts?"""
+        return not job.gpu_model or self.cluster.nodes[node].gpu_model in job.gpu_models
 
     def check_due(self, t: float) -> None:
         """Time moves on to `t`, nothing logged since the last instant: flag each job whose
@@ -275,7 +285,11 @@ class DeficitBound:
             return
         self.deficits.add((job.job_id, since))
         d = self.shape(job)[1]
-        node = next(i for i, g, c, m in v.rooms if g >= d.gpu and c >= d.cpu and m >= d.mem)
+        node = next(
+            i
+            for i, g, c, m in v.rooms
+            if g >= d.gpu and c >= d.cpu and m >= d.mem and self.accepts(job, i)
+        )
         message = (
             f"within team {job.team}'s nominal, waiting since t={since:g} (bound "
             f"{self.bound:g}s), yet not given room though {v.job.job_id} of team "

@@ -213,6 +213,8 @@ class RuleChecks:
             return
         if job.topology != "any" and job.topology not in self.cluster.rank:
             return
+        if any(m not in {n.gpu_model for n in self.cluster.nodes} for m in job.gpu_models):
+            return  # a GPU model the cluster does not have
         demand = (
             Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
             * job.replicas
@@ -267,14 +269,31 @@ def _fits_when_empty(cluster: Cluster, job: TraceJob) -> bool:
     level = CLUSTER if job.topology == "any" else job.topology
     if job.replicas == 1 and cluster.rank[level] > cluster.rank[NODE]:
         level = NODE
-    if level == GPU_GROUP:
-        return any(slots(m.bit_count(), n) >= job.replicas for n in cluster.nodes for m in n.groups)
-    if level == NODE:
-        return any(slots(n.gpus, n) >= job.replicas for n in cluster.nodes)
-    return any(
-        sum(slots(cluster.nodes[i].gpus, cluster.nodes[i]) for i in nodes) >= job.replicas
-        for nodes in cluster.domains[level].values()
-    )
+    # The nodes of one GPU model the job accepts at a time; all it accepts when mixed.
+    accepted = job.gpu_models or tuple({n.gpu_model: 0 for n in cluster.nodes})
+    if job.mixed_models:
+        model_sets = [{n.index for n in cluster.nodes if n.gpu_model in accepted}]
+    else:
+        model_sets = [{n.index for n in cluster.nodes if n.gpu_model == m} for m in accepted]
+    for ok in model_sets:
+        if level == GPU_GROUP:
+            fits = any(
+                slots(m.bit_count(), n) >= job.replicas
+                for n in cluster.nodes
+                if n.index in ok
+                for m in n.groups
+            )
+        elif level == NODE:
+            fits = any(slots(n.gpus, n) >= job.replicas for n in cluster.nodes if n.index in ok)
+        else:
+            fits = any(
+                sum(slots(cluster.nodes[i].gpus, cluster.nodes[i]) for i in nodes if i in ok)
+                >= job.replicas
+                for nodes in cluster.domains[level].values()
+            )
+        if fits:
+            return True
+    return False
 
 
 def gang_gpus(job: TraceJob) -> int:

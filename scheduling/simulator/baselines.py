@@ -24,13 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 
 from scheduling import policy as engine
 from scheduling.capacity import Capacity, gang_level
-from scheduling.cluster import NODE
+from scheduling.cluster import NODE, Cluster
 from scheduling.decisions import Admit, Evict, HoldUpdate, PendingReason, Reason
 from scheduling.jobs import Job, Pending, Placement, ReplicaPlacement
+from scheduling.models import node_sets
 from scheduling.ordering import priority_then_fifo
 from scheduling.placement import bits_of, lowest_bits, place_gang, shared_on_node
 from scheduling.policy import Policy
@@ -51,16 +52,52 @@ def place_least_allocated(cap: Capacity, job: Job) -> Placement | None:
     return _per_replica(cap, job, _least_allocated_node)
 
 
-def place_replicas_partially(cap: Capacity, job: Job, count: int) -> list[ReplicaPlacement]:
-    """Bind up to `count` replicas one by one (least-allocated), taking them from `cap`."""
+def place_replicas_partially(
+    cap: Capacity, job: Job, count: int, bound: tuple[ReplicaPlacement, ...] = ()
+) -> list[ReplicaPlacement]:
+    """Bind up to `count` replicas one by one (least-allocated), taking them from `cap`.
+
+    On the nodes of one GPU model the job accepts, as Kueue gives a workload one flavor (a node
+    selector every pod of it carries): the model of the replicas already `bound`, else the
+    first in the job's order that could hold the whole gang when empty and has room for a
+    replica now (one that never could would hold replicas, time out and retry for ever)."""
+    view = cap
+    sets = node_sets(cap.cluster, job)
+    if sets is not None:
+        if bound:
+            sets = tuple(nodes for nodes in sets if bound[0].node in nodes)
+        else:
+            cl = cap.cluster
+            sets = tuple(
+                nodes
+                for nodes in sets
+                if _holds_when_empty(cl, nodes, job.replicas, job.gpu, job.cpu, job.mem)
+            )
+        if not sets:
+            return []
+        for nodes in sets:
+            view = cap.only(nodes)
+            if _one_replica(view, job, _least_allocated_node) is not None:
+                break
     out = []
     for _ in range(count):
-        r = _one_replica(cap, job, _least_allocated_node)
+        r = _one_replica(view, job, _least_allocated_node)
         if r is None:
             break
+        if view is not cap:
+            view.take_replica(r, job.cpu, job.mem)
         cap.take_replica(r, job.cpu, job.mem)
         out.append(r)
     return out
+
+
+@lru_cache(maxsize=4096)
+def _holds_when_empty(
+    cluster: Cluster, nodes: frozenset[int], replicas: int, gpu: int, cpu: int, mem: int
+) -> bool:
+    """Could these nodes, empty, hold the whole gang (replica by replica, anywhere on them)?"""
+    job = Job("", "", replicas, gpu, cpu, mem)
+    return place_gang(Capacity(cluster).only(nodes), job) is not None
 
 
 def _per_replica(cap: Capacity, job: Job, pick: NodePick) -> Placement | None:
@@ -145,7 +182,9 @@ class PartialGangs:
                 cycle.result.evicted.append(Evict(job.id, "gang_timeout", retry))
                 cycle.wake(retry)
                 continue
-            new = place_replicas_partially(cycle.cap, job, job.replicas - len(hold.bound))
+            new = place_replicas_partially(
+                cycle.cap, job, job.replicas - len(hold.bound), hold.bound
+            )
             bound = hold.bound + tuple(new)
             if len(bound) == job.replicas:
                 placement = Placement(bound, gang_level(cycle.snap.cluster, bound))

@@ -22,6 +22,7 @@ from scheduling.admission import check_job
 from scheduling.cluster import Cluster
 from scheduling.cycle import schedule
 from scheduling.jobs import Job, Placement
+from scheduling.models import models_of
 from scheduling.policy import Policy
 from scheduling.quota import Team
 from scheduling.resources import Resources
@@ -73,6 +74,8 @@ def to_job(t: TraceJob, checkpoint_s: float | None = None) -> Job:
         submit_time=t.submit_time,
         time_limit_s=math.inf if t.time_limit_s is None else t.time_limit_s,
         checkpoint_s=next((s for s in (t.checkpoint_s, checkpoint_s) if s is not None), math.inf),
+        gpu_models=t.gpu_models,
+        mixed_models=t.mixed_models,
     )
 
 
@@ -270,6 +273,7 @@ def simulate(
                 "placement": _placement_json(cluster, adm.placement),
                 "level": adm.placement.level,
                 "slowdown": slowdown,
+                "gpu_model": "|".join(models_of(cluster, (r.node for r in adm.placement.replicas))),
             }
             if restart:
                 admit_ev["restart_s"] = restart

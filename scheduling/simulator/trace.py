@@ -3,10 +3,13 @@
 A trace is a CSV file with a header row and one job per row. Required columns:
 `job_id, submit_time, team, replicas, gpus_per_replica, duration`; optional columns:
 `priority, topology, preemptible, cpus_per_replica, memory_gb_per_replica, time_limit_s,
-checkpoint_s` (an empty cell means the default; `time_limit_s` is the most seconds one run may
-take: the simulator stops a run there, and only jobs with a limit backfill reserved nodes;
-`checkpoint_s`: the job saves a checkpoint every so many seconds of work, so a preemption
-loses only what it did since, and a checkpoint-aware policy knows it). Unknown
+checkpoint_s, gpu_model, mixed_models` (an empty cell means the default). `time_limit_s` is
+the most seconds one run may take: the simulator stops a run there, and only jobs with a
+limit backfill reserved nodes. `checkpoint_s`: the job saves a checkpoint every so many
+seconds of work, so a preemption loses only what it did since, and a checkpoint-aware policy
+knows it. `gpu_model`: the GPU models the job accepts, in order of preference, separated by
+`|`, e.g. `V100M16|V100M32` (empty: any); `mixed_models`: its replicas may run on different
+models (by default a gang runs on one). Unknown
 columns are ignored so traces can carry notes.
 
 `load_trace` checks every row and reports every problem at once (line and column), because a
@@ -54,6 +57,8 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
     "memory_gb_per_replica",
     "time_limit_s",
     "checkpoint_s",
+    "gpu_model",
+    "mixed_models",
 )
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 _MAX_LISTED = 50
@@ -76,6 +81,13 @@ class TraceJob:
     memory_gb_per_replica: float = 0.0
     time_limit_s: float | None = None  # None: no limit
     checkpoint_s: float | None = None  # None: as the simulation says (by default never)
+    gpu_model: str | None = None  # accepted GPU models, '|'-separated, preferred first; None: any
+    mixed_models: bool = False  # its replicas may run on different models
+
+    @property
+    def gpu_models(self) -> tuple[str, ...]:
+        """The accepted GPU models, preferred first; empty: any."""
+        return tuple(self.gpu_model.split("|")) if self.gpu_model else ()
 
 
 @dataclass(frozen=True)
@@ -119,6 +131,14 @@ def _to_bool(value: Any) -> Any:
 
 def _to_topology(value: Any) -> Any:
     return value.strip().lower() if isinstance(value, str) else value
+
+
+def _to_models(value: Any) -> Any:
+    """'A100 | H100|A100' -> 'A100|H100' (stripped, each once); None when it names none."""
+    if not isinstance(value, str):
+        return value
+    models = list(dict.fromkeys(m.strip() for m in value.split("|") if m.strip()))
+    return "|".join(models) or None
 
 
 def _check_gpus(value: float) -> float:
@@ -167,6 +187,14 @@ def _row_validator() -> SchemaValidator:
         field("memory_gb_per_replica", number(ge=0), 0.0),
         field("time_limit_s", cs.nullable_schema(number(gt=0)), None),
         field("checkpoint_s", cs.nullable_schema(number(gt=0)), None),
+        field(
+            "gpu_model",
+            cs.no_info_before_validator_function(_to_models, cs.nullable_schema(text)),
+            None,
+        ),
+        field(
+            "mixed_models", cs.no_info_before_validator_function(_to_bool, cs.bool_schema()), False
+        ),
     ]
     job = cs.dataclass_schema(
         TraceJob,

@@ -1,0 +1,56 @@
+"""GPU models: where a job may run in a cluster of several GPU generations.
+
+A job accepts some models (`Job.gpu_models`, in order of preference; empty: any model) and
+runs every replica on GPUs of one of them, unless it says `mixed_models`: the replicas of a
+data-parallel gang step together, so one replica on a slower model sets the pace of all.
+Topology rules apply inside the model.
+
+Placement tries the accepted models one by one, in the job's order (for a job that accepts
+any, the cluster's: its nodes' order), on a view of the capacity in which the other models'
+nodes are hidden (`Capacity.only`); a cluster of one model, the common case, takes none of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import lru_cache
+
+from scheduling.cluster import Cluster
+from scheduling.jobs import Job
+
+
+def node_sets(cluster: Cluster, job: Job) -> tuple[frozenset[int], ...] | None:
+    """The sets of nodes to place `job` within, tried in order; None: anywhere (every node is
+    of a model it accepts and it needs no single model, or the cluster has one model)."""
+    return _node_sets(cluster, job.gpu_models, job.mixed_models)
+
+
+@lru_cache(maxsize=4096)
+def _node_sets(
+    cluster: Cluster, models: tuple[str, ...], mixed: bool
+) -> tuple[frozenset[int], ...] | None:
+    known = cluster.model_nodes
+    accepted = [m for m in (models or cluster.models) if m in known]
+    if len(accepted) == len(known) and (mixed or len(known) == 1):
+        return None
+    if mixed:
+        return (frozenset().union(*(known[m] for m in accepted)),)
+    return tuple(known[m] for m in accepted)
+
+
+def accepted_nodes(cluster: Cluster, job: Job) -> frozenset[int] | None:
+    """Every node of a model the job accepts; None: every node."""
+    sets = node_sets(cluster, job)
+    if sets is None:
+        return None
+    return sets[0] if len(sets) == 1 else frozenset().union(*sets)
+
+
+def models_of(cluster: Cluster, nodes: Iterable[int]) -> list[str]:
+    """The GPU models of some nodes, each once, in the order met."""
+    return list(dict.fromkeys(cluster.nodes[i].gpu_model for i in nodes))
+
+
+def unknown_models(cluster: Cluster, models: Iterable[str]) -> list[str]:
+    """The models a job names that no node of the cluster has."""
+    return [m for m in models if m not in cluster.model_nodes]
