@@ -15,7 +15,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from berth.spec_fields import (
@@ -28,6 +36,7 @@ from berth.spec_fields import (
     command_line,
     engine_min,
     env_key,
+    gpu_models,
     gpu_request,
     image_ref,
     input_uri,
@@ -115,6 +124,10 @@ class JobSpec(BaseModel):
         Annotated[Positive, AfterValidator(engine_min(MEM_UNIT, "1 MiB (0.001 GiB)"))] | None
     ) = None
     topology: Topology = "any"
+    # The GPU models the job accepts, preferred first (one name or a list; empty: any); every
+    # replica runs on one of them unless `mixed_models` (docs/decisions/0022).
+    gpu_model: Annotated[tuple[str, ...], BeforeValidator(gpu_models)] = ()
+    mixed_models: Annotated[bool, Field(strict=True)] = False
     priority: Annotated[int, Field(strict=True, ge=-1000, le=1000)] = 0
     preemptible: Annotated[bool, Field(strict=True)] = True
     retries: Annotated[int, Field(strict=True, ge=0, le=20)] = 0
@@ -170,6 +183,8 @@ class JobSpec(BaseModel):
             submit_time=submit_time,
             time_limit_s=math.inf if self.time_limit_s is None else self.time_limit_s,
             checkpoint_s=math.inf if self.checkpoint_every_s is None else self.checkpoint_every_s,
+            gpu_models=self.gpu_model,
+            mixed_models=self.mixed_models,
         )
 
 
@@ -337,6 +352,8 @@ _FIX = {
     "cpus_per_replica": "give CPUs per replica, e.g. 8 or 0.5",
     "memory_gb_per_replica": "give GiB of memory per replica, e.g. 32",
     "topology": "'node' keeps a gang on one machine, 'any' lets Berth choose",
+    "gpu_model": "give a GPU model such as 'H100', or a list such as ['H100', 'A100']",
+    "mixed_models": "write true (replicas may run on different GPU models) or false",
     "priority": "give a whole number from -1000 to 1000; 0 is normal",
     "preemptible": "write true (Berth may stop and requeue the job) or false",
     "retries": "give how many times to retry a failed run, from 0 to 20",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic_core import PydanticCustomError
@@ -237,6 +237,27 @@ def secret_ref(v: str) -> str:
             f"{key!r} is not a Secret key (letters, digits, '-', '_' and '.'); {example}"
         )
     return v
+
+
+def gpu_models(v: Any) -> Any:
+    """`gpu_model`: one model name or a list, in order of preference -> a tuple, each model
+    once, stripped (a pydantic before-validator; an empty list or None: any model)."""
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list | tuple):
+        return v  # pydantic says what it should be
+    out: list[str] = []
+    for m in v:
+        if not isinstance(m, str) or not m.strip():
+            raise ValueError(
+                f"{m!r} is not a GPU model name; give one such as 'H100', or a list such as "
+                "['H100', 'A100'] (preferred first)"
+            )
+        if m.strip() not in out:
+            out.append(m.strip())
+    return tuple(out)
 
 
 def env_key(k: str) -> str:

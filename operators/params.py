@@ -133,6 +133,20 @@ def job_params(
             section=RESOURCES,
             description="The smallest domain every replica must share (node, rack, ...).",
         ),
+        "gpu_model": optional_list(
+            "GPU models",
+            RESOURCES,
+            "The GPU models the job accepts, one per line, preferred first (e.g. H100, A100); "
+            "empty: any. Every replica runs on one model unless mixed models are allowed.",
+        ),
+        "mixed_models": Param(
+            False,
+            type="boolean",
+            title="Mixed GPU models",
+            section=RESOURCES,
+            description="Replicas may run on different GPU models (the gang then steps at the "
+            "pace of the slowest).",
+        ),
         "preemptible": Param(
             True,
             type="boolean",

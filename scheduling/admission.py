@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from scheduling.capacity import Capacity
-from scheduling.cluster import Cluster
+from scheduling.cluster import CLUSTER, Cluster
 from scheduling.jobs import Job
 from scheduling.models import node_sets, unknown_models
 from scheduling.placement import max_level, place_gang
@@ -108,7 +108,9 @@ def check_job(
         where = f"any one {max_level(job)} of cluster {cluster.name}"
         fix = "ask for fewer or smaller replicas, or a wider topology"
         if node_sets(cluster, job) is not None:
-            where = f"the GPUs of any one model it accepts in {max_level(job)}s of {cluster.name}"
+            level = max_level(job)
+            within = f"any one {level} of " if level != CLUSTER else ""
+            where = f"the GPUs of any one model it accepts in {within}cluster {cluster.name}"
             fix += ", more GPU models or mixed_models"
         return Rejection(
             "infeasible",

@@ -32,6 +32,7 @@ from berth.store import (
 from berth.store.database import StaleSchemaError
 from berth.store.mirror import Mirror
 from berth.store.rebuild import live_rows
+from scheduling.config import parse_cluster
 from scheduling.policy import BERTH, UnknownPolicyError
 from scheduling.simulator.baselines import KUEUE_TAS, QUOTA_SPREAD
 
@@ -241,6 +242,7 @@ def test_submit_is_idempotent_per_job_id(store: Store) -> None:
         (spec("huge", gpus=4, replicas=3), "replicas"),  # 12 GPUs: more than a may ever hold
         (spec("nowhere", team="zzz"), "team"),
         (spec("wide", gpus=8), "gpus_per_replica"),  # no node has 8 GPUs
+        (spec("h100", gpu_model=["B200", "H100"]), "gpu_model"),  # models the cluster lacks
     ],
 )
 def test_a_job_that_can_never_run_is_refused_and_nothing_is_written(
@@ -252,6 +254,29 @@ def test_a_job_that_can_never_run_is_refused_and_nothing_is_written(
     assert store.jobs() == [] and store.events() == []
     with pytest.raises(UnknownJobError, match="no job 'x'"):
         store.status("x")
+
+
+def test_a_job_runs_on_the_gpu_model_it_asks_for_and_a_gang_on_one(store_url: str) -> None:
+    """A cluster of an A100 node and an H100 node (4 GPUs each): a job for H100s goes to the
+    H100 node whatever the free GPUs elsewhere; a 2 x 4 gang that accepts any model does not
+    span both, and is refused; with mixed_models it runs across them (the engine's rule,
+    docs/decisions/0022, kept through the store's columns)."""
+    cl = parse_cluster({"nodes": [
+        {"name": "a0", "gpus": 4, "gpu_model": "A100", "cpus": 32, "memory_gb": 256},
+        {"name": "h0", "gpus": 4, "gpu_model": "H100", "cpus": 32, "memory_gb": 256},
+    ]})  # fmt: skip
+    s = Store(store_url, cl, TEAMS, FAST)
+    try:
+        s.submit(spec("h", gpus=1, gpu_model="H100"), job_id="h", now=0)
+        with pytest.raises(SpecError) as err:
+            s.submit(spec("gang", gpus=4, replicas=2), job_id="gang", now=0)
+        assert err.value.problems[0].field == "replicas" and "model" in str(err.value)
+        s.submit(spec("mixed", gpus=3, replicas=2, mixed_models=True), job_id="mixed", now=0)
+        assert s.schedule(now=1).admitted == ("h", "mixed")
+        assert {r.node for r in s.status("h").placement} == {"h0"}
+        assert {r.node for r in s.status("mixed").placement} == {"a0", "h0"}
+    finally:
+        s.close()
 
 
 def test_cancel_frees_gpus_for_the_next_cycle(store: Store) -> None:

@@ -113,6 +113,8 @@ def insert(
             preemptible=job.preemptible,
             time_limit_s=spec.time_limit_s,
             checkpoint_s=spec.checkpoint_every_s,
+            gpu_models="|".join(job.gpu_models),
+            mixed_models=job.mixed_models,
             enqueued_at=now,
             seq=_take_seq(conn),
             not_before=0.0,

@@ -46,6 +46,8 @@ ENGINE_COLUMNS = tuple(
         "preemptible",
         "time_limit_s",
         "checkpoint_s",
+        "gpu_models",
+        "mixed_models",
         "enqueued_at",
         "seq",
         "not_before",
@@ -94,6 +96,8 @@ def job_of(row: Mapping[str, Any]) -> Job:
         submit_time=row["submitted_at"],
         time_limit_s=math.inf if row["time_limit_s"] is None else row["time_limit_s"],
         checkpoint_s=math.inf if row["checkpoint_s"] is None else row["checkpoint_s"],
+        gpu_models=tuple(row["gpu_models"].split("|")) if row["gpu_models"] else (),
+        mixed_models=bool(row["mixed_models"]),
     )
 
 

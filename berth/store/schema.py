@@ -89,6 +89,8 @@ jobs = Table(
     Column("preemptible", Boolean, nullable=False),
     Column("time_limit_s", Float),  # None: no limit (the engine's infinite)
     Column("checkpoint_s", Float),  # the spec's checkpoint_every_s; None: never
+    Column("gpu_models", String(1024), nullable=False, default=""),  # '|'-joined; '': any
+    Column("mixed_models", Boolean, nullable=False, default=False),
     # Queue order: a preempted or lost job keeps its place.
     Column("enqueued_at", Float, nullable=False),
     Column("seq", Integer, nullable=False),
