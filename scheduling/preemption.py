@@ -103,58 +103,45 @@ def plan_preemption(
     search means the job has no plan either way, which the cycle's shortcuts rely on when they
     skip a guarded search after a failed unguarded one (seed 285299202: a younger class-mate,
     still guarded, found the plan the older one's unguarded search missed)."""
+
+    def search(guarded: bool) -> PreemptionPlan | None:
+        """One search, over the victims `guarded` allows."""
+        spared = spared_above or {}
+        # First an upper bound on what the allowed victims could free: most searches end here,
+        # before any list is built.
+        reachable, lenders = _reachable(
+            pool, quota, job, _reclaims(quota, job), guarded, keep_nominal
+        )
+        if not job.shared and reachable < _need(cap, job):
+            return None  # even every allowed victim would not free enough GPUs
+        below = min(job.priority, spared.get(job.team, _NO_FLOOR) + 1)
+        floors = tuple(sorted((team, spared.get(team, _NO_FLOOR)) for team in lenders))
+        if job.replicas == 1 and not job.shared and place(cap, job) is None:
+            # Room on one node is what it lacks; the per-node search covers every such plan.
+            key = (job.team, below, guarded, floors)
+            index = None if indexes is None else indexes.get(key)
+            if index is None or not index.catch_up(excluded):
+                index = NodeIndex(
+                    _candidates(pool, job.team, below, floors, guarded, excluded),
+                    job.team,
+                    excluded,
+                )
+                if indexes is not None:
+                    indexes[key] = index
+            if not index:
+                return None
+            now = pool.now if pool.checkpoint_aware else None
+            return _plan_on_index(index, cap, quota, job, place, now, keep_nominal)
+        candidates = _candidates(pool, job.team, below, floors, guarded, excluded, max_candidates)
+        if not candidates:
+            return None
+        return _plan_greedy(candidates, cap, quota, job, place, keep_nominal)
+
     for within_guards in (True,) if guarded else (False, True):
-        plan = _plan(
-            pool, cap, quota, job, excluded=excluded, max_candidates=max_candidates,
-            spared_above=spared_above, place=place, guarded=within_guards, indexes=indexes,
-            keep_nominal=keep_nominal,
-        )  # fmt: skip
+        plan = search(within_guards)
         if plan is not None:
             return plan
     return None
-
-
-def _plan(
-    pool: VictimPool,
-    cap: Capacity,
-    quota: QuotaLedger,
-    job: Job,
-    *,
-    excluded: set[str],
-    max_candidates: int,
-    spared_above: Mapping[str, int] | None,
-    place: Placer,
-    guarded: bool,
-    indexes: dict[tuple, NodeIndex] | None,
-    keep_nominal: bool,
-) -> PreemptionPlan | None:
-    """One search, over the victims `guarded` allows (plan_preemption)."""
-    spared = spared_above or {}
-    # First an upper bound on what the allowed victims could free: most searches end here,
-    # before any list is built.
-    reachable, lenders = _reachable(pool, quota, job, _reclaims(quota, job), guarded, keep_nominal)
-    if not job.shared and reachable < _need(cap, job):
-        return None  # even every allowed victim would not free enough GPUs
-    below = min(job.priority, spared.get(job.team, _NO_FLOOR) + 1)
-    floors = tuple(sorted((team, spared.get(team, _NO_FLOOR)) for team in lenders))
-    if job.replicas == 1 and not job.shared and place(cap, job) is None:
-        # Room on one node is what it lacks; the per-node search covers every such plan.
-        key = (job.team, below, guarded, floors)
-        index = None if indexes is None else indexes.get(key)
-        if index is None or not index.catch_up(excluded):
-            index = NodeIndex(
-                _candidates(pool, job.team, below, floors, guarded, excluded), job.team, excluded
-            )
-            if indexes is not None:
-                indexes[key] = index
-        if not index:
-            return None
-        now = pool.now if pool.checkpoint_aware else None
-        return _plan_on_index(index, cap, quota, job, place, now, keep_nominal)
-    candidates = _candidates(pool, job.team, below, floors, guarded, excluded, max_candidates)
-    if not candidates:
-        return None
-    return _plan_greedy(candidates, cap, quota, job, place, keep_nominal)
 
 
 _NO_FLOOR = 1 << 62  # a team that admitted nothing in the cycle spares none of its jobs
