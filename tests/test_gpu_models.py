@@ -186,3 +186,33 @@ def test_a_partial_gang_binds_on_a_model_that_can_hold_it_whole() -> None:
         result = simulate(cluster, teams, trace, POLICIES[policy])
         audit_or_raise(result.events, cluster, teams, POLICIES[policy], {"gang": trace[0]})
         assert _nodes(_admits(result.events)["gang"]) == {"a0", "a1", "a2"}, policy
+
+
+def test_the_summary_has_a_row_per_model() -> None:
+    """GPU-hours per model are what the admitted jobs held there; jobs count on the model of
+    their first admission (a mixed gang on each of its models)."""
+    from scheduling.simulator.metrics import ClusterInfo, TeamInfo, summarize
+
+    cluster, teams = parse_cluster(SPEC), parse_teams(TEAMS)
+    trace = [
+        TraceJob("h", 0, "a", 1, 4.0, 3600, gpu_model="H100"),
+        TraceJob("a", 0, "a", 2, 2.0, 1800, gpu_model="A100"),
+        TraceJob("late", 10, "a", 1, 1.0, 360, gpu_model="H100"),  # waits for h: 3,590 s
+    ]
+    result = simulate(cluster, teams, trace, POLICIES["berth"])
+    info = ClusterInfo(
+        {n.name: n.gpus for n in cluster.nodes}, {n.name: n.gpu_model for n in cluster.nodes}
+    )
+    data = summarize(result.events, info, [TeamInfo("a", 12)], policy="berth", wall_s=0).as_dict()
+    rows = {r["model"]: r for r in data["models"]}
+    assert rows["H100"]["gpus"] == 4 and rows["A100"]["gpus"] == 8
+    assert rows["H100"]["gpu_hours"] == pytest.approx(4 + 0.1)
+    assert rows["A100"]["gpu_hours"] == pytest.approx(2 * 2 * 0.5)
+    assert rows["H100"]["jobs_admitted"] == 2 and rows["A100"]["jobs_admitted"] == 1
+    assert rows["H100"]["avg_first_wait_s"] == pytest.approx(3590 / 2)
+    makespan = data["makespan_s"]
+    assert rows["H100"]["busy"] == pytest.approx(4.1 * 3600 / (4 * makespan), rel=1e-3)
+    from scheduling.simulator.report import render_markdown
+
+    page = render_markdown(data, title="two models")
+    assert "## GPU models" in page and "| H100 | 4 |" in page

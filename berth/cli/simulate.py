@@ -129,7 +129,10 @@ def simulate(
         jobs = load_trace(trace)
     except (ConfigError, UnknownPolicyError, TraceFormatError) as e:
         raise _fail(str(e)) from None
-    info = ClusterInfo({n.name: n.gpus for n in cl.nodes})
+    info = ClusterInfo(
+        {n.name: n.gpus for n in cl.nodes},
+        {n.name: n.gpu_model for n in cl.nodes} if len(cl.models) > 1 else {},
+    )
     team_info = [TeamInfo(t.name, t.nominal.as_units()["gpus"], t.weight) for t in tm.values()]
     summaries = []
     for pol in chosen:

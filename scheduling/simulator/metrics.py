@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +38,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ClusterInfo:
-    """GPU count of every node; the denominator of utilisation and fragmentation."""
+    """GPU count of every node; the denominator of utilisation and fragmentation. With
+    `node_models` (node -> GPU model) the summary has a row per model."""
 
     node_gpus: dict[str, int]
+    node_models: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_gpus(self) -> int:
@@ -224,6 +226,8 @@ def _summary(
         "wall_s": _r(wall_s, 3),
         "teams": rows,
     }
+    if replay.model_of:
+        data["models"] = _model_rows(replay, jobs, makespan)
     series = Series(
         **replay.timeline.bucketed(names, start, makespan, max_points),
         jct_s=jct_s,
@@ -232,6 +236,28 @@ def _summary(
         total_gpus=replay.total,
     )
     return Summary(data=data, series=series)
+
+
+def _model_rows(replay: Replay, jobs: list[Any], makespan: float) -> list[dict[str, Any]]:
+    """Per GPU model: its GPUs, the GPU-hours admitted jobs held on it and the share of its
+    capacity that is, and the jobs first admitted on it with their average first wait (a
+    mixed gang counts for each model it ran on)."""
+    rows = []
+    for model in sorted(set(replay.model_of.values())):
+        gpus = sum(c for n, c in replay.caps.items() if replay.model_of.get(n) == model)
+        gpu_s = replay.model_gpu_s.get(model, 0.0)
+        waits = [j.first_admit_t - j.submit_t for j in jobs if model in j.first_models]
+        rows.append(
+            {
+                "model": model,
+                "gpus": gpus,
+                "gpu_hours": _r(gpu_s / 3600.0, 4),
+                "busy": _r(_div(gpu_s, gpus * makespan), 4),
+                "jobs_admitted": len(waits),
+                "avg_first_wait_s": _r(sum(waits) / len(waits), 3) if waits else None,
+            }
+        )
+    return rows
 
 
 def _jain(xs: list[float]) -> float | None:

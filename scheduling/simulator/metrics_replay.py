@@ -48,6 +48,8 @@ class _Job:
     run_slowdown: float = 1.0
     run_restart: float = 0.0
     need: float = 0.0  # GPUs it still needs, counted in its team's pending work
+    by_model: dict[str, float] = field(default_factory=dict)  # its allocation's GPUs per model
+    first_models: set[str] = field(default_factory=set)  # the models of its first admission
 
 
 class Replay:
@@ -69,6 +71,11 @@ class Replay:
         self.small_admits = self.small_single = 0
         self.slowdowns: list[float] = []
         self.team_alloc: dict[str, float] = {}
+        # Per GPU model (when the cluster info names them): GPUs admitted jobs hold now, and
+        # the GPU-seconds they held.
+        self.model_of = dict(cluster.node_models)
+        self.model_alloc: dict[str, float] = {}
+        self.model_gpu_s: dict[str, float] = {}
         self.timeline = Timeline()
         self.t0: float | None = None
         self.now = 0.0
@@ -87,6 +94,8 @@ class Replay:
             self.int_free += (self.total - self.used) * dt
             self.int_partial += self.partial_free * dt
             self.deficit.advance(dt)
+            for model, held in self.model_alloc.items():
+                self.model_gpu_s[model] = self.model_gpu_s.get(model, 0.0) + held * dt
             self.now = t
         kind = ev["type"]
         if kind not in _KINDS:
@@ -112,6 +121,7 @@ class Replay:
             job.state = "admitted"
             if math.isnan(job.first_admit_t):
                 job.first_admit_t = t
+                job.first_models = {self.model_of.get(e["node"], "") for e in ev["placement"]}
             if not math.isnan(job.wait_since):
                 job.total_wait += t - job.wait_since
                 job.wait_since = math.nan
@@ -218,6 +228,7 @@ class Replay:
             self._touch(node, idxs, -1)
         if job.kind == "admit":
             self.admitted -= job.amount
+            self._add_models(job, -1.0)
         else:
             self.holding -= job.amount
             if job.kind == "partial":
@@ -229,24 +240,34 @@ class Replay:
         """Replace the job's allocation by ``placement``; returns how many nodes it spans."""
         self._release(job)
         amount = 0.0
+        job.by_model = {}
         for entry in placement:
             node = entry["node"]
             if node not in self.caps:
                 raise ValueError(f"job placed on unknown node {node!r}")
             idxs = list(entry["gpus"])
             share = entry.get("share")
-            amount += len(idxs) * (1.0 if share is None else float(share))
+            gpus = len(idxs) * (1.0 if share is None else float(share))
+            amount += gpus
+            model = self.model_of.get(node, "")
+            job.by_model[model] = job.by_model.get(model, 0.0) + gpus
             self._touch(node, idxs, 1)
             job.alloc.append((node, idxs))
         job.amount, job.kind = amount, kind
         if kind == "admit":
             self.admitted += amount
+            self._add_models(job, 1.0)
         else:
             self.holding += amount
             if kind == "partial":
                 self.partial_holding += amount
         self._add_team(job.team, amount)
         return len({node for node, _ in job.alloc})
+
+    def _add_models(self, job: _Job, sign: float) -> None:
+        """Count (sign 1) or uncount (-1) the GPUs of an admitted job's allocation per model."""
+        for model, gpus in job.by_model.items():
+            self.model_alloc[model] = self.model_alloc.get(model, 0.0) + sign * gpus
 
     def close(self) -> None:
         """Close each team's step function at the last event, for the integrals."""

@@ -99,6 +99,17 @@ DEFINITIONS = """\
 """
 
 
+# A cluster of several GPU models: a row per model (docs/decisions/0022).
+MODEL_COLUMNS = [
+    ("model", "GPU model"),
+    ("gpus", "GPUs"),
+    ("gpu_hours", "GPU-hours used"),
+    ("busy", "Busy share"),
+    ("jobs_admitted", "Jobs first admitted on it"),
+    ("avg_first_wait_s", "Their avg first wait (s)"),
+]
+
+
 def write_report(out_dir: Path, summary: Summary, *, title: str) -> None:
     """Write ``summary.json``, ``report.md`` and the three plots into ``out_dir``."""
     out_dir = Path(out_dir)
@@ -131,6 +142,12 @@ def render_markdown(data: dict[str, Any], *, title: str) -> str:
         [label for _, label in TEAM_COLUMNS],
         [[fmt_value(row.get(key)) for key, _ in TEAM_COLUMNS] for row in data["teams"]],
     )
+    if data.get("models"):
+        lines += ["", "## GPU models", ""]
+        lines += markdown_table(
+            [label for _, label in MODEL_COLUMNS],
+            [[fmt_value(row.get(key)) for key, _ in MODEL_COLUMNS] for row in data["models"]],
+        )
     lines += ["", "## Plots", ""]
     for name, caption in PLOTS.items():
         lines += [f"### {caption}", "", f"![{caption}]({name})", ""]
