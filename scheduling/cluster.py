@@ -7,7 +7,7 @@ immutable; what is free lives in `capacity.Capacity`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -59,6 +59,9 @@ class Cluster:
     levels: tuple[str, ...]  # levels above node, outermost first, e.g. ("block", "rack")
     nodes: tuple[Node, ...]
     slowdown: Mapping[str, float]
+    # GPU model -> how much faster than the reference (1.0, the default for any model): a
+    # job's run time in the simulator is its duration / the speed of the model it runs on.
+    gpu_speed: Mapping[str, float] = field(default_factory=dict)
 
     @cached_property
     def by_name(self) -> dict[str, Node]:
@@ -131,6 +134,10 @@ class Cluster:
         for n in self.nodes:
             out.setdefault(n.gpu_model, set()).add(n.index)
         return {m: frozenset(ix) for m, ix in out.items()}
+
+    def speed_of(self, nodes: Iterable[int]) -> float:
+        """The speed of a gang on these nodes: its slowest model's (replicas step together)."""
+        return min((self.gpu_speed.get(self.nodes[i].gpu_model, 1.0) for i in nodes), default=1.0)
 
     def slowdown_of(self, level: str) -> float:
         return float(self.slowdown.get(level, 1.0))

@@ -65,6 +65,10 @@ class ClusterSpec(_Strict):
     name: str = "cluster"
     topology_levels: list[str] = Field(default_factory=list)
     slowdown: dict[str, Annotated[float, Field(ge=1.0)]] = Field(default_factory=dict)
+    # GPU model -> speed against the reference model (1.0, the default for a model left out).
+    gpu_speed: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
+        default_factory=dict
+    )
     node_pools: list[NodePoolSpec] = Field(default_factory=list)
     nodes: list[NodeSpec] = Field(default_factory=list)
 
@@ -171,7 +175,14 @@ def build_cluster(spec: ClusterSpec) -> Cluster:
     if dup:
         raise ConfigError(f"node names must be unique; repeated: {dup}")
     slowdown = {**DEFAULT_SLOWDOWN, **spec.slowdown}
-    return Cluster(spec.name, levels, tuple(nodes), slowdown)
+    models = sorted({n.gpu_model for n in nodes})
+    unknown = sorted(set(spec.gpu_speed) - set(models))
+    if unknown:
+        raise ConfigError(
+            f"gpu_speed: {unknown} is no node's gpu_model; the nodes have {models} (a speed is "
+            "per model, e.g. gpu_speed: {H100: 3.0, A100: 1.0})"
+        )
+    return Cluster(spec.name, levels, tuple(nodes), slowdown, dict(spec.gpu_speed))
 
 
 def _node(

@@ -216,3 +216,41 @@ def test_the_summary_has_a_row_per_model() -> None:
 
     page = render_markdown(data, title="two models")
     assert "## GPU models" in page and "| H100 | 4 |" in page
+
+
+def test_a_job_runs_faster_on_a_faster_model_and_keeps_its_checkpointed_work() -> None:
+    """gpu_speed H100: 2.0. A 3,600 s job runs 1,800 s on an H100 (the audit checks run times
+    against the speeds too); a mixed gang runs at the pace of its slowest model; preempted on
+    an H100 after 1,000 s with a checkpoint every 600 s of work, it keeps 1,800 s of work."""
+    spec = {**SPEC, "gpu_speed": {"H100": 2.0}}
+    cluster, teams = parse_cluster(spec), parse_teams(TEAMS)
+    trace = [
+        TraceJob("fast", 0, "a", 1, 4.0, 3600, gpu_model="H100"),
+        TraceJob("slow", 0, "a", 1, 4.0, 3600, gpu_model="A100"),
+        TraceJob("mixed", 4000, "a", 3, 4.0, 3600, mixed_models=True),
+    ]
+    pol = POLICIES["berth"]
+    result = simulate(cluster, teams, trace, pol)
+    audit_or_raise(result.events, cluster, teams, pol, {j.job_id: j for j in trace})
+    ends = {e["job"]: e["t"] for e in result.events if e["type"] == "finish"}
+    assert ends["fast"] == 1800 and ends["slow"] == 3600
+    mixed = _admits(result.events)["mixed"]
+    assert ends["mixed"] - mixed["t"] == pytest.approx(3600 * mixed["slowdown"])
+    assert _admits(result.events)["fast"]["speed"] == 2.0
+
+    trace = [
+        TraceJob("victim", 0, "a", 1, 4.0, 7200, gpu_model="H100", checkpoint_s=600),
+        TraceJob("boss", 1000, "a", 1, 4.0, 100, priority=1, gpu_model="H100"),
+    ]
+    pol = replace(pol, preemption_delay_s=0.0)
+    result = simulate(cluster, teams, trace, pol)
+    audit_or_raise(result.events, cluster, teams, pol, {j.job_id: j for j in trace})
+    kept = [e["kept_s"] for e in result.events if e["type"] == "preempt"]
+    assert kept == [1800.0]  # 1,000 s at speed 2 is 2,000 s of work: three checkpoints
+
+
+def test_a_speed_for_a_model_no_node_has_is_refused() -> None:
+    from scheduling.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"gpu_speed: \['B200'\] is no node's gpu_model"):
+        parse_cluster({**SPEC, "gpu_speed": {"B200": 4.0}})

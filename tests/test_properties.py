@@ -117,7 +117,7 @@ class Scenario:
 @st.composite
 def cluster_specs(draw: st.DrawFn) -> dict[str, Any]:
     """1-6 nodes of 1-8 GPUs in 1-2 groups; maybe racks (1-3 nodes) and blocks; CPUs and
-    memory plenty or tight; one GPU model, or (one time in three) two."""
+    memory plenty or tight; one GPU model, or (one time in three) two, maybe of other speeds."""
     levels = draw(st.sampled_from([[], ["rack"], ["block"], ["block", "rack"]]))
     two_models = draw(st.sampled_from([False, False, True]))
     per_rack = draw(st.integers(1, 3))
@@ -140,7 +140,12 @@ def cluster_specs(draw: st.DrawFn) -> dict[str, Any]:
         )
         if two_models:
             nodes[-1]["gpu_model"] = draw(st.sampled_from(["A100", "H100"]))
-    return {"topology_levels": levels, "nodes": nodes}
+    spec: dict[str, Any] = {"topology_levels": levels, "nodes": nodes}
+    if two_models:  # and speeds, for the models drawn
+        present = {n.get("gpu_model") for n in nodes}
+        speeds = draw(st.sampled_from([{}, {"H100": 2.0}, {"H100": 3.0, "A100": 1.5}]))
+        spec["gpu_speed"] = {m: v for m, v in speeds.items() if m in present}
+    return spec
 
 
 @st.composite

@@ -133,8 +133,8 @@ class _Auditor(RuleChecks, DeficitBound):
         self.mem = [0] * len(cluster.nodes)
         self.alloc: dict[str, list[Rep]] = {}  # job -> the replicas it holds
         self.state: dict[str, str] = {}  # job -> pending|running|held|rejected|finished
-        # job -> (last admit t, slowdown, restart seconds it pays first after a preemption)
-        self.started: dict[str, tuple[float, float, float]] = {}
+        # job -> (last admit t, slowdown, restart seconds it pays first, speed of its GPU model)
+        self.started: dict[str, tuple[float, float, float, float]] = {}
         self.preemptions: dict[str, int] = {}  # job -> times preempted
         self.since: dict[str, float] = {}  # job -> when its current wait began
         self.usage: dict[str, Resources] = dict.fromkeys(teams, ZERO)
@@ -250,7 +250,10 @@ class _Auditor(RuleChecks, DeficitBound):
         if kind == "hold":
             return delta
         level, slowdown = str(ev.get("level")), float(ev.get("slowdown", math.nan))
-        self.started[jid] = (self.t, slowdown, float(ev.get("restart_s") or 0.0))
+        # The gang's speed: its slowest GPU model's (worked out here from the cluster).
+        speed = min(self.cluster.gpu_speed.get(self.cluster.nodes[n].gpu_model, 1.0)
+                    for n, _, _ in reps) if reps else 1.0  # fmt: skip
+        self.started[jid] = (self.t, slowdown, float(ev.get("restart_s") or 0.0), speed)
         if not math.isclose(slowdown, self.cluster.slowdown_of(level), rel_tol=1e-9):
             self.flag(jid, "duration", f"slowdown {slowdown:g} is not that of level {level}")
         if len(reps) == job.replicas:

@@ -190,7 +190,7 @@ class DeficitBound:
         """Running jobs of `borrowers` that a lender's job may take, now or once they have
         run their minimum run time."""
         out: list[Victim] = []
-        for jid, (start, _, _) in self.started.items():
+        for jid, (start, *_) in self.started.items():
             v = self.jobs[jid]
             team, (r, d, _), reps = v.team, self.shape(v), self.alloc.get(jid, [])
             if team not in borrowers or not v.preemptible or jid in rec.moved:

@@ -75,8 +75,8 @@ class RuleChecks:
             self.flag(job.job_id, "quota", f"the cohort lends more {over} than its teams lend")
 
     def check_duration(self, job: TraceJob, timed_out: bool = False) -> None:
-        start, slowdown, restart = self.started.pop(job.job_id)
-        ran, want = self.t - start, (job.duration + restart) * slowdown
+        start, slowdown, restart, speed = self.started.pop(job.job_id)
+        ran, want = self.t - start, (job.duration / speed + restart) * slowdown
         limit = math.inf if job.time_limit_s is None else job.time_limit_s
         # The runtime stops a run exactly at its time limit, and only one that needed more
         # (with checkpoints, what it needed is less than `want`: unknown here).

@@ -123,7 +123,8 @@ def simulate(
     duration = {t.job_id: t.duration for t in trace}
     work_left = dict(duration)  # ideal seconds still to run
     attempt: dict[str, int] = {}
-    started_at: dict[str, tuple[float, float, float]] = {}  # job -> (admit t, slowdown, restart)
+    # job -> (admit t, slowdown, restart, speed of its GPU model)
+    started_at: dict[str, tuple[float, float, float, float]] = {}
     restart_due: set[str] = set()  # preempted jobs: their next admission pays the restart
     heap: list[tuple] = []
     seq = 0
@@ -217,9 +218,10 @@ def simulate(
             emit({"t": now, "type": "evict", "job": ev.job_id, "team": team, "reason": ev.reason})
         for pre in result.preempted:
             job_id = pre.job_id
-            admitted, slowdown, restart = started_at.pop(job_id)
-            # Checkpoints count from the end of the restart: reloading saves nothing new.
-            done = max(0.0, (now - admitted) / slowdown - restart)
+            admitted, slowdown, restart, speed = started_at.pop(job_id)
+            # Checkpoints count from the end of the restart: reloading saves nothing new. Work
+            # is ideal seconds (at speed 1): a faster model does more of it per second.
+            done = max(0.0, (now - admitted) / slowdown - restart) * speed
             every = jobs[job_id].checkpoint_s  # the row's interval, else `checkpoint_s`
             kept = math.floor(done / every) * every if every != math.inf else 0.0
             work_left[job_id] -= kept
@@ -259,8 +261,9 @@ def simulate(
             attempt[job.id] = token
             restart = restart_cost_s if job.id in restart_due else 0.0
             restart_due.discard(job.id)
-            started_at[job.id] = (now, slowdown, restart)
-            run = (work_left[job.id] + restart) * slowdown
+            speed = cluster.speed_of(r.node for r in adm.placement.replicas)
+            started_at[job.id] = (now, slowdown, restart, speed)
+            run = (work_left[job.id] / speed + restart) * slowdown
             timed_out = run > job.time_limit_s  # the runtime stops it at its limit
             end = now + (job.time_limit_s if timed_out else run)
             heapq.heappush(heap, (end, _FINISH, seq, (job.id, token, timed_out)))
@@ -277,6 +280,8 @@ def simulate(
             }
             if restart:
                 admit_ev["restart_s"] = restart
+            if speed != 1.0:
+                admit_ev["speed"] = speed
             emit(admit_ev)
         wakes = [result.next_wakeup]
         if rerun is not None and not (heap and heap[0][0] == now):
