@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a
 
 from bench.common import RESULTS, ROOT, code_version, console_for_tables, machine, reference_ms
 from bench.quality_report import CANDIDATE, ORACLE, held_out_table, markdown, plot
+from scheduling.models import fastest_speed
 from scheduling.policy import Policy
 from scheduling.simulator.baselines import get_policy
 from scheduling.simulator.metrics import ClusterInfo, TeamInfo, summarize
@@ -250,7 +251,8 @@ def run_one(case: Case, policy: str, checkpoint_s: float | None = None) -> dict[
     cluster, teams, jobs = case.workload()
     if policy == ORACLE:
         started = time.perf_counter()
-        result = srtf(jobs, cluster.total.gpu / 1000)
+        speeds = [fastest_speed(cluster, j.gpu_models) for j in jobs]  # a floor: the fastest
+        result = srtf(jobs, cluster.total.gpu / 1000, speeds)
         out = result.summary()
         big = (result.gpus >= BIG_JOB_GPUS) & ~np.isnan(result.start)
         out["p99_first_wait_big_s"] = _p99(result.first_wait[big])

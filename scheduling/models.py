@@ -19,18 +19,24 @@ from scheduling.cluster import Cluster
 from scheduling.jobs import Job
 
 
-def node_sets(cluster: Cluster, job: Job) -> tuple[frozenset[int], ...] | None:
+def node_sets(
+    cluster: Cluster, job: Job, fastest_first: bool = False
+) -> tuple[frozenset[int], ...] | None:
     """The sets of nodes to place `job` within, tried in order; None: anywhere (every node is
-    of a model it accepts and it needs no single model, or the cluster has one model)."""
-    return _node_sets(cluster, job.gpu_models, job.mixed_models)
+    of a model it accepts and it needs no single model, or the cluster has one model).
+    `fastest_first`: the models by the cluster's `gpu_speed`, fastest first, the job's order
+    (else the cluster's) breaking ties; else in that order alone."""
+    return _node_sets(cluster, job.gpu_models, job.mixed_models, fastest_first)
 
 
 @lru_cache(maxsize=4096)
 def _node_sets(
-    cluster: Cluster, models: tuple[str, ...], mixed: bool
+    cluster: Cluster, models: tuple[str, ...], mixed: bool, fastest_first: bool
 ) -> tuple[frozenset[int], ...] | None:
     known = cluster.model_nodes
     accepted = [m for m in (models or cluster.models) if m in known]
+    if fastest_first:  # a stable sort: ties keep the job's (or the cluster's) order
+        accepted.sort(key=lambda m: -cluster.gpu_speed.get(m, 1.0))
     if len(accepted) == len(known) and (mixed or len(known) == 1):
         return None
     if mixed:
@@ -49,6 +55,12 @@ def accepted_nodes(cluster: Cluster, job: Job) -> frozenset[int] | None:
 def models_of(cluster: Cluster, nodes: Iterable[int]) -> list[str]:
     """The GPU models of some nodes, each once, in the order met."""
     return list(dict.fromkeys(cluster.nodes[i].gpu_model for i in nodes))
+
+
+def fastest_speed(cluster: Cluster, models: Iterable[str]) -> float:
+    """The speed of the fastest of these models (of any of the cluster's when none)."""
+    speeds = [cluster.gpu_speed.get(m, 1.0) for m in (tuple(models) or cluster.models)]
+    return max(speeds, default=1.0)
 
 
 def unknown_models(cluster: Cluster, models: Iterable[str]) -> list[str]:

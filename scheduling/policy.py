@@ -106,6 +106,13 @@ POLICIES: dict[str, Policy] = {
         replace(BERTH, name="berth-no-deadline", reclaim_deadline_s=float("inf")),
         replace(BERTH, name="berth-smallest-first", ordering=DRF_SMALLEST_FIRST),
         replace(BERTH, name="berth-checkpoint-aware", checkpoint_aware=True),
+        # GPU models in the job's (or the cluster's) order, not fastest first: what the
+        # speed order buys (docs/decisions/0022).
+        replace(
+            BERTH,
+            name="berth-listed-models",
+            placement=replace(TOPOLOGY, name="topology_listed_models", fastest_model_first=False),
+        ),
         # The other end of the trade-off (docs/decisions/0003, "Kueue's victim rule"): a
         # lender's reclaim at once, its guards lifted after 10 min, and Kueue's victim rule.
         replace(

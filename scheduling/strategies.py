@@ -72,11 +72,16 @@ class Placer:
     place: Callable[[Capacity, Job], Placement | None]
     finest: str = GPU_GROUP
     whole_gangs_in_domain: bool = True
+    # A job that accepts several GPU models tries the fastest first (the cluster's gpu_speed;
+    # its own order breaks ties): with nothing known of the waits, where it fits now and runs
+    # fastest is where it finishes first. False: in the job's order, else the cluster's (as
+    # Kueue takes flavors in the order its ClusterQueue lists them).
+    fastest_model_first: bool = True
 
     def __call__(self, cap: Capacity, job: Job) -> Placement | None:
         """The job's placement within the GPU models it accepts, one model per gang unless
         it asks for mixed ones (`scheduling/models.py`), in the order it prefers them."""
-        sets = node_sets(cap.cluster, job)
+        sets = node_sets(cap.cluster, job, self.fastest_model_first)
         if sets is None:
             return self.place(cap, job)
         for nodes in sets:

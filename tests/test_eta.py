@@ -111,9 +111,11 @@ def _fingerprint(state: EngineState) -> tuple:
 
 def _knowable(s: Scenario) -> Scenario:
     """The scenario with every run time known in advance: limits equal to durations, no
-    slowdown at any level, and no checkpoints (a job resumed from one runs for less than its
-    limit, which the ETA, reading limits, takes as the most it may run)."""
+    slowdown at any level nor GPU model faster than another, and no checkpoints (a job resumed
+    from one runs for less than its limit, which the ETA, reading limits, takes as the most it
+    may run)."""
     spec = {**s.cluster_spec, "slowdown": dict.fromkeys(DEFAULT_SLOWDOWN, 1.0)}
+    spec.pop("gpu_speed", None)
     trace = [replace(t, time_limit_s=t.duration, checkpoint_s=None) for t in s.trace]
     return replace(s, cluster_spec=spec, trace=trace)
 

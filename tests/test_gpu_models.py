@@ -254,3 +254,23 @@ def test_a_speed_for_a_model_no_node_has_is_refused() -> None:
 
     with pytest.raises(ConfigError, match=r"gpu_speed: \['B200'\] is no node's gpu_model"):
         parse_cluster({**SPEC, "gpu_speed": {"B200": 4.0}})
+
+
+def test_berth_tries_the_fastest_model_first_and_the_baselines_the_listed_order() -> None:
+    """A100 nodes listed first, H100s twice as fast: a job that accepts any model (or lists
+    A100 first) runs on an H100 under berth, on an A100 under berth-listed-models and
+    kueue-tas (Kueue takes flavors in the order they are listed)."""
+    spec = {**SPEC, "gpu_speed": {"H100": 2.0}}
+    cluster, teams = parse_cluster(spec), parse_teams(TEAMS)
+    trace = [
+        TraceJob("any", 0, "a", 1, 2.0, 100),
+        TraceJob("listed", 0, "a", 1, 2.0, 100, gpu_model="A100|H100"),
+    ]
+    for policy, model in (("berth", "H100"), ("berth-listed-models", "A100"),
+                          ("kueue-tas", "A100")):  # fmt: skip
+        result = simulate(cluster, teams, trace, POLICIES[policy])
+        audit_or_raise(
+            result.events, cluster, teams, POLICIES[policy], {j.job_id: j for j in trace}
+        )
+        admits = _admits(result.events)
+        assert admits["any"]["gpu_model"] == admits["listed"]["gpu_model"] == model, policy

@@ -147,15 +147,21 @@ def _least_allocated_node(cap: Capacity, job: Job, g: int) -> int | None:
     return None if best is None else best[1]
 
 
-FIRST_FIT = Placer("first_fit", place_first_fit, NODE, whole_gangs_in_domain=False)
+# The baselines take GPU models in the job's order, else the cluster's, as Kueue takes the
+# flavors its ClusterQueue lists, not by speed (fastest_model_first=False).
+FIRST_FIT = Placer("first_fit", place_first_fit, NODE, whole_gangs_in_domain=False,
+                   fastest_model_first=False)  # fmt: skip
 LEAST_ALLOCATED = Placer(
-    "least_allocated", place_least_allocated, NODE, whole_gangs_in_domain=False
-)
+    "least_allocated", place_least_allocated, NODE, whole_gangs_in_domain=False,
+    fastest_model_first=False,
+)  # fmt: skip
 # Kueue's Topology-Aware Scheduling with a bin-packing kube-scheduler: the whole gang in the
 # tightest domain of its required level, from the node up. A `gpu_group` requirement can only
 # be asked as `node`, and the node is chosen without looking at its groups (the device plugin
 # then picks GPUs on it, group-aware).
-GROUP_BLIND = Placer("topology_group_blind", partial(place_gang, finest=NODE), NODE)
+GROUP_BLIND = Placer(
+    "topology_group_blind", partial(place_gang, finest=NODE), NODE, fastest_model_first=False
+)
 
 
 # -- gangs and the queue ----------------------------------------------------------------------

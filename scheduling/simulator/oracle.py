@@ -99,14 +99,18 @@ def _stat(values: np.ndarray, pct: float | None) -> float | None:
     return round(float(value), 3)
 
 
-def srtf(trace: Sequence[TraceJob], total_gpus: float) -> OracleResult:
+def srtf(
+    trace: Sequence[TraceJob], total_gpus: float, speed: Sequence[float] | None = None
+) -> OracleResult:
     """Run `trace` on one pool of `total_gpus` GPUs, shortest remaining time first.
 
     Events at one instant: completions first, then arrivals in trace order; what counts is
     the pass after the instant's last event (as the simulator runs one cycle after all of an
     instant's events). A job wider than the pool never runs (its start and finish are NaN).
+    `speed`: per job, how much faster than its duration it runs (on a cluster of several GPU
+    models: the fastest it accepts, every GPU of the pool being of it, still a floor).
     """
-    return _Srtf(trace, total_gpus).run()
+    return _Srtf(trace, total_gpus, speed).run()
 
 
 class _Srtf:
@@ -118,12 +122,16 @@ class _Srtf:
     found by comparing its finish with now + a waiting job's remaining time.
     """
 
-    def __init__(self, trace: Sequence[TraceJob], total_gpus: float) -> None:
+    def __init__(
+        self, trace: Sequence[TraceJob], total_gpus: float, speed: Sequence[float] | None = None
+    ) -> None:
         self.trace = trace
         self.total_gpus = float(total_gpus)
         self.cap = round(total_gpus * _MILLI)
         self.size = [round(j.replicas * j.gpus_per_replica * _MILLI) for j in trace]
-        self.remaining = [float(j.duration) for j in trace]
+        speed = speed or [1.0] * len(trace)
+        self.remaining = [float(j.duration) / s for j, s in zip(trace, speed, strict=True)]
+        self.run_s = list(self.remaining)  # each job's run time in the pool
         n = len(trace)
         self.start = [math.nan] * n
         self.finish = [math.nan] * n
@@ -161,7 +169,7 @@ class _Srtf:
             start=np.array(self.start, dtype=float),
             finish=np.array(self.finish, dtype=float),
             gpus=np.array(self.size, dtype=float) / _MILLI,
-            duration=np.fromiter((j.duration for j in trace), float, len(trace)),
+            duration=np.array(self.run_s, dtype=float),
             preempted=np.array(self.preempted, dtype=np.int64),
             total_gpus=self.total_gpus,
         )

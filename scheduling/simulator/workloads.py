@@ -16,7 +16,9 @@ here stresses one thing the trace does not:
 - `long-short`: heavy-tailed durations, mostly minutes, a few multi-day jobs;
 - `gangs-limits`: the jobs of `gangs` (the same seed gives the same jobs), each with a time
   limit as users give them (`_time_limits`): what EASY backfill around reservations buys,
-  the workload held fixed.
+  the workload held fixed;
+- `models`: three GPU generations of different speeds (H100 2x, A100 1x, V100 0.5x), a third of
+  the jobs restricted to the models they need (docs/decisions/0022).
 
 Every family returns a `Workload` (cluster, teams, jobs) built through the project's own
 config parsers, so a family is exactly what `berth simulate` would read. Jobs are valid for
@@ -354,6 +356,38 @@ def _long_short(rng: np.random.Generator, n: int) -> _Spec:
     return _Spec(_pool("l", 16), _teams(nominal), drafts)
 
 
+def _models(rng: np.random.Generator, n: int) -> _Spec:
+    # Listed oldest first, as bought: an order that is no guide to speed.
+    pools = [("v", 8, "V100"), ("a", 10, "A100"), ("h", 6, "H100")]
+    cluster = {
+        "name": "models-192",
+        "topology_levels": ["rack"],
+        "gpu_speed": {"H100": 2.0, "A100": 1.0, "V100": 0.5},
+        "node_pools": [
+            {"prefix": p, "count": k, "gpus": 8, "gpu_groups": 2, "cpus": 64, "memory_gb": 512,
+             "nodes_per_rack": 4, "gpu_model": model}
+            for p, k, model in pools
+        ],
+    }  # fmt: skip
+    nominal = {"llm": 48, "vision": 48, "speech": 48, "rl": 48}
+    shapes = _pick(rng, _MIXED, _MIXED_P, n)
+    # What a job needs of the models: most run anywhere; big-memory ones need an H100 or an
+    # A100; some were built for one model.
+    needs = _pick(
+        rng, [None, "H100|A100", "H100", "A100", "V100"], [0.66, 0.15, 0.08, 0.06, 0.05], n
+    )
+    teams = _pick(rng, list(nominal), [1, 1, 1, 1], n)
+    durations = _durations(rng, n, HOUR_S, 1.0)
+    drafts = []
+    for i, at in enumerate(_poisson(rng, n)):
+        replicas, gpus, topology = shapes[i]
+        drafts.append(
+            _draft(at, teams[i], replicas, gpus, durations[i], topology=topology,
+                   gpu_model=needs[i], cpus_per_replica=4.0 * gpus)
+        )  # fmt: skip
+    return _Spec(cluster, _teams(nominal), drafts)
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -374,6 +408,12 @@ FAMILIES: dict[str, Family] = {
             (0.9, 1.2),
             like="gangs",
             limits=True,
+        ),
+        Family(
+            "models",
+            "three GPU models of other speeds, some jobs tied to some",
+            _models,
+            (0.9, 1.2),
         ),
     )
 }
