@@ -5,9 +5,10 @@ runs every replica on GPUs of one of them, unless it says `mixed_models`: the re
 data-parallel gang step together, so one replica on a slower model sets the pace of all.
 Topology rules apply inside the model.
 
-Placement tries the accepted models one by one, in the job's order (for a job that accepts
-any, the cluster's: its nodes' order), on a view of the capacity in which the other models'
-nodes are hidden (`Capacity.only`); a cluster of one model, the common case, takes none of it.
+Placement tries the accepted models one by one, Berth's placer the fastest first (the
+cluster's `gpu_speed`), the baselines' in the job's order (for a job that accepts any, the
+cluster's: its nodes' order), each on a view of the capacity in which the other models' nodes
+are hidden (`Capacity.only`); a cluster of one model, the common case, takes none of it.
 """
 
 from __future__ import annotations

@@ -80,7 +80,8 @@ class Placer:
 
     def __call__(self, cap: Capacity, job: Job) -> Placement | None:
         """The job's placement within the GPU models it accepts, one model per gang unless
-        it asks for mixed ones (`scheduling/models.py`), in the order it prefers them."""
+        it asks for mixed ones (`scheduling/models.py`), the models tried in this placer's
+        order (`fastest_model_first`)."""
         sets = node_sets(cap.cluster, job, self.fastest_model_first)
         if sets is None:
             return self.place(cap, job)
