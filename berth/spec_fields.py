@@ -250,10 +250,10 @@ def gpu_models(v: Any) -> Any:
         return v  # pydantic says what it should be
     out: list[str] = []
     for m in v:
-        if not isinstance(m, str) or not m.strip():
+        if not isinstance(m, str) or not m.strip() or "|" in m:
             raise ValueError(
                 f"{m!r} is not a GPU model name; give one such as 'H100', or a list such as "
-                "['H100', 'A100'] (preferred first)"
+                "['H100', 'A100'] (preferred first), not joined with '|'"
             )
         if m.strip() not in out:
             out.append(m.strip())

@@ -630,3 +630,22 @@ def test_reserved_env_covers_what_the_platform_sets(tmp_path) -> None:
 def test_the_platform_prefix_is_refused():
     [problem] = problems_of(spec(env={"BERTH_INPUT_TRAIN": "x"}))
     assert problem.field == "env.BERTH_INPUT_TRAIN" and "'BERTH_'" in problem.message
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [("H100", ("H100",)), ([" H100", "A100", "H100"], ("H100", "A100")), (None, ()), ([], ())],
+)
+def test_gpu_model_is_a_name_or_a_list_preferred_first(value: Any, want: tuple) -> None:
+    data = {"name": "x", "team": "a", "image": "ghcr.io/o/t:1", "command": ["python", "t.py"],
+            "gpus_per_replica": 1, "gpu_model": value}  # fmt: skip
+    assert parse_spec(data).gpu_model == want
+
+
+@pytest.mark.parametrize("bad", ["H100|A100", [""], ["H100", 5], 5])
+def test_a_bad_gpu_model_names_the_field(bad: Any) -> None:
+    data = {"name": "x", "team": "a", "image": "ghcr.io/o/t:1", "command": ["python", "t.py"],
+            "gpus_per_replica": 1, "gpu_model": bad}  # fmt: skip
+    with pytest.raises(SpecError) as err:
+        parse_spec(data)
+    assert err.value.problems[0].field == "gpu_model"
