@@ -198,16 +198,19 @@ class Cycle:
             if self.fast:
                 self.failed[(job.team, pending.klass)] = reason
                 candidates.close_class(job.team, pending.klass)
-                queue = self.snap.queues.get(job.team, {}).get(pending.klass, ())
-                for t in closed_class_wakes(
-                    queue,
-                    pending,
-                    policy,
-                    self.now,
-                    on_quota=reason.code == Reason.QUOTA,
-                    may_preempt=status is Status.NEEDS_PREEMPTION,
-                ):
-                    self.wake(t)
+                on_quota = reason.code == Reason.QUOTA
+                may_preempt = status is Status.NEEDS_PREEMPTION
+                if may_preempt or not on_quota:  # else its mates owe nothing: most classes
+                    queue = self.snap.queues.get(job.team, {}).get(pending.klass, ())
+                    for t in closed_class_wakes(
+                        queue,
+                        pending,
+                        policy,
+                        self.now,
+                        on_quota=on_quota,
+                        may_preempt=may_preempt,
+                    ):
+                        self.wake(t)
             else:  # examine them here, where closing the class skips them
                 for mate in candidates.take_class(job.team, pending.klass):
                     self.nominate(mate, candidates)

@@ -111,20 +111,29 @@ class Running:
     # preemption search asks of every candidate victim, worked out once per run.
     gpus_by_node: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
     shares_gpu: bool = field(init=False, repr=False, compare=False)
+    # Per node: (node, whole GPUs, replicas there), for the one-node search's index.
+    node_entries: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
+    gpu: int = field(init=False, repr=False, compare=False)  # job.demand.gpu, read per victim
     # The order in which victims are chosen: cheapest losses first (lower priority, then the
     # most recently started, then by id).
     loss: tuple[int, float, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         per_node: dict[int, int] = {}
+        replicas: dict[int, int] = {}
         shares = False
         for rep in self.placement.replicas:
+            replicas[rep.node] = replicas.get(rep.node, 0) + 1
             if rep.share:
                 shares = True
             else:
                 per_node[rep.node] = per_node.get(rep.node, 0) + len(rep.gpus)
         object.__setattr__(self, "gpus_by_node", tuple(per_node.items()))
+        object.__setattr__(
+            self, "node_entries", tuple((n, k, replicas[n]) for n, k in per_node.items())
+        )
         object.__setattr__(self, "shares_gpu", shares)
+        object.__setattr__(self, "gpu", self.job.demand.gpu)
         object.__setattr__(self, "loss", (self.job.priority, -self.start_time, self.job.id))
 
     def unsaved_s(self, now: float) -> float:

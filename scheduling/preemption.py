@@ -115,6 +115,10 @@ def plan_preemption(
         if not job.shared and reachable < _need(cap, job):
             return None  # even every allowed victim would not free enough GPUs
         below = min(job.priority, spared.get(job.team, _NO_FLOOR) + 1)
+        if not lenders and not quota.fits_after_release(
+            job.team, job.demand, job.preemptible, pool.demand_below(job.team, below)
+        ):
+            return None  # its own victims, all gone, would not give its team room enough
         floors = tuple(sorted((team, spared.get(team, _NO_FLOOR)) for team in lenders))
         if job.replicas == 1 and not job.shared and place(cap, job) is None:
             # Room on one node is what it lacks; the per-node search covers every such plan.
@@ -137,7 +141,10 @@ def plan_preemption(
             return None
         return _plan_greedy(candidates, cap, quota, job, place, keep_nominal)
 
-    for within_guards in (True,) if guarded else (False, True):
+    # The guards only narrow what a reclaim may take: a search without lenders is the same
+    # search either way, and runs once.
+    reclaims = _reclaims(quota, job) and any(t != job.team for t in quota.borrowers)
+    for within_guards in (True,) if guarded or not reclaims else (False, True):
         plan = search(within_guards)
         if plan is not None:
             return plan

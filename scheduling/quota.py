@@ -212,6 +212,15 @@ class QuotaLedger:
             is not None
         )
 
+    def fits_after_release(
+        self, team: str, request: Resources, preemptible: bool, released: Resources
+    ) -> bool:
+        """Would `request` fit (`check`) once the team gave back `released` of its usage?
+        Without a clone: the team's usage and its draw on the pool both shrink by what it
+        gives back, which is `check` of `request - released` at today's usage (every limit
+        `check` tests is a sum of the two, or a difference against the usage itself)."""
+        return self.check(team, request - released, preemptible) is None
+
     def without(self, victims: Iterable[Job]) -> QuotaLedger:
         """A clone with every victim's demand given back: each team's release summed first,
         then applied once (the pool's and the borrowers' bookkeeping depend only on each

@@ -9,7 +9,7 @@ victims preempted since, instead of building it again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Set
+from collections.abc import Sequence, Set
 
 from scheduling.jobs import Running
 from scheduling.resources import ZERO, Resources
@@ -22,25 +22,24 @@ class NodeIndex:
     """Candidates (in loss order) by node, what each node's candidates hold, and what those of
     the preemptor's team give back to its quota; the candidates excluded are left out."""
 
-    __slots__ = ("_excluded", "_runs", "by_node", "freeable", "own", "team")
+    __slots__ = ("_candidates", "_excluded", "_runs", "by_node", "freeable", "own", "team")
 
-    def __init__(self, candidates: Iterable[Running], team: str, excluded: Set[str]) -> None:
+    def __init__(self, candidates: Sequence[Running], team: str, excluded: Set[str]) -> None:
         self.team = team
         self.by_node: dict[int, list[Entry]] = {}
         self.freeable: dict[int, int] = {}  # node -> GPUs all its candidates hold
         self.own: Resources = ZERO  # ZERO itself when no candidate is of `team`
-        self._runs: dict[str, Running] = {}
+        # By id, made when a later search first takes some out (most indexes serve one).
+        self._runs: dict[str, Running] | None = None
+        self._candidates = candidates
         self._excluded = frozenset(excluded)
         by_node, freeable = self.by_node, self.freeable
         for r in candidates:
-            self._runs[r.job.id] = r
             if r.job.team == team:
                 self.own = self.own + r.job.demand
             if r.shares_gpu:
                 continue  # freeing a share may not free a whole GPU; the greedy search does
-            replicas = r.placement.replicas
-            for n, k in r.gpus_by_node:
-                reps = 1 if len(replicas) == 1 else sum(1 for rep in replicas if rep.node == n)
+            for n, k, reps in r.node_entries:
                 entry = by_node.get(n)
                 if entry is None:
                     by_node[n] = [(r, k, reps)]
@@ -50,7 +49,7 @@ class NodeIndex:
                     freeable[n] += k
 
     def __bool__(self) -> bool:
-        return bool(self._runs)
+        return bool(self._candidates if self._runs is None else self._runs)
 
     def catch_up(self, excluded: Set[str]) -> bool:
         """Take out the candidates excluded since the index was made (victims only accumulate
@@ -59,6 +58,8 @@ class NodeIndex:
             return False
         if len(excluded) == len(self._excluded):
             return True
+        if self._runs is None:
+            self._runs = {r.job.id: r for r in self._candidates}
         for job_id in excluded - self._excluded:
             r = self._runs.pop(job_id, None)
             if r is None:

@@ -15,6 +15,7 @@ from operator import attrgetter
 from scheduling.capacity import Capacity
 from scheduling.jobs import Running
 from scheduling.quota import QuotaLedger
+from scheduling.resources import Resources
 from scheduling.snapshot import Snapshot
 
 BY_LOSS = attrgetter("loss")  # Running.loss: cheapest losses first
@@ -35,6 +36,12 @@ def _checkpoints(runs: Iterable[Running]) -> bool:
     return any(r.job.checkpoint_s != math.inf for r in runs)
 
 
+def sum_demand(runs: Iterable[Running]) -> Resources:
+    """What `runs` demand in all (one walk in Python, the sums in C)."""
+    demands = [r.job.demand for r in runs]
+    return Resources(sum(map(_G, demands)), sum(map(_C, demands)), sum(map(_M, demands)))
+
+
 def _by_node(runs: Iterable[Running]) -> dict[int, int]:
     out: dict[int, int] = {}
     for r in runs:
@@ -48,6 +55,18 @@ def _started(r: Running) -> tuple[float, str]:  # the state's running_by_start o
 
 
 _SLACK_S = 1e-3  # widens a bisected window of start times; the exact tests then decide
+_GPU = attrgetter("gpu")  # Running.gpu: its job's GPUs (milli)
+_G, _C, _M = attrgetter("gpu"), attrgetter("cpu"), attrgetter("mem")  # of a Resources
+_NEVER = 1 << 62  # max_preemptions at or above this filters no one
+
+
+def _young_enough(r: Running, now: float, min_rt: float) -> bool:
+    return r.start_time + min_rt <= now  # the same sum as the wake-up
+
+
+def _not_too_old(r: Running, now: float, max_rt: float) -> bool:
+    start = r.start_time
+    return now - start <= max_rt and start >= now - max_rt
 
 
 class VictimPool:
@@ -87,6 +106,7 @@ class VictimPool:
         # Per team, (priority, GPUs of its victims of lower priority, where they end in its
         # list): a cheap upper bound on what a priority preemption can free, and its victims.
         self._below: dict[str, list[tuple[int, int, int]]] = {}
+        self._demand: dict[tuple[str, int], Resources] = {}  # (team, end in its list) -> sum
         self._shapes: dict[str, tuple[int, int, set[tuple[int, int, int]]] | None] = {}
         # Node -> whole GPUs of a team's victims; "own": only those below its top priority.
         self._held: dict[tuple[str, bool], dict[int, int]] = {}
@@ -128,19 +148,23 @@ class VictimPool:
             hi = runs.bisect_key_right((prio, oldest))
             if lo >= hi:
                 continue
-            chunk = [  # a slice of the sorted list is a C-level copy of its parts
-                r
-                for r in runs[lo:hi]
-                if r.preemptions < max_p
-                and (start := r.start_time) + min_rt <= now  # the same sum as the wake-up
-                and now - start <= max_rt
-                and start >= now - max_rt
-            ]
+            # Within a priority the run is by start, newest first, and each time test is
+            # monotone in the start: the widened ends are trimmed with the exact tests, and
+            # the run between them (a C-level slice) is filtered on preemptions alone.
+            while lo < hi and not _young_enough(runs[lo], now, min_rt):
+                lo += 1
+            while hi > lo and not _not_too_old(runs[hi - 1], now, max_rt):
+                hi -= 1
+            if lo >= hi:
+                continue
+            chunk = runs[lo:hi]
+            if max_p < _NEVER:
+                chunk = [r for r in chunk if r.preemptions < max_p]
             if chunk:
                 if self.checkpoint_aware and _checkpoints(chunk):
                     chunk.sort(key=self.loss_key)
                 below.append((prio, total, len(out)))
-                total += sum(r.job.demand.gpu for r in chunk)
+                total += sum(map(_GPU, chunk))
                 out.extend(chunk)
         self._gpus[team] = total
         return out
@@ -166,6 +190,22 @@ class VictimPool:
             if prio >= priority:
                 return total
         return self._gpus[team]
+
+    def demand_below(self, team: str, priority: int) -> Resources:
+        """What the team's victims with a priority lower than `priority` demand in all: the
+        most a priority preemption could give back to its team's quota. Summed when first
+        asked (most teams' lists are never asked), once per cycle and prefix."""
+        runs = self.victims(team)
+        end = len(runs)
+        for prio, _, first in self._below[team]:
+            if prio >= priority:
+                end = first
+                break
+        key = (team, end)
+        demand = self._demand.get(key)
+        if demand is None:
+            demand = self._demand[key] = sum_demand(runs[:end])
+        return demand
 
     def reclaimable(self, team: str, guarded: bool) -> Sequence[Running]:
         """What a lender may take back from `team`, cheapest losses first."""
@@ -280,6 +320,8 @@ class VictimPool:
         room = (nominal.gpu - u.gpu, nominal.cpu - u.cpu, nominal.mem - u.mem)
         reclaims = any(g <= room[0] and c <= room[1] and m <= room[2] for g, c, m in demands)
         lenders = [t for t in quota.borrowers if t != team] if reclaims else []
+        if not self._upcoming_of(team) and not any(self._upcoming_of(t) for t in lenders):
+            return None  # no job comes of age (none can, with no minimum run time)
         # Where no node has room for the smallest replica, a job coming of age must bring its
         # node there with the victims already allowed: per node, free GPUs plus the allowed
         # victims' (the team's own of lower priority, the lenders'), worked out for the nodes

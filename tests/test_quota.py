@@ -115,6 +115,38 @@ def test_ledger_agrees_with_the_plain_rules(steps: list) -> None:
         assert q.borrowers == {n for n, u in usage.items() if not u.fits_in(tm[n].nominal)}
 
 
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from("abc"), amounts), max_size=12),
+    st.sampled_from("abc"),
+    amounts,
+    amounts,
+    st.booleans(),
+)
+def test_fits_after_release_is_check_on_the_ledger_without_the_release(
+    steps: list, team: str, request: Resources, release: Resources, preemptible: bool
+) -> None:
+    # The preemption search's quota bound: `fits_after_release` must say what a clone with the
+    # team's usage lowered says, or a bound that skips searches would skip one that succeeds.
+    tm = parse_teams(
+        [
+            {"name": "a", "nominal": {"gpus": 4, "cpus": 32}, "lending_limit": {"gpus": 2}},
+            {"name": "b", "nominal": {"gpus": 4}, "borrowing_limit": {"gpus": 3}},
+            {"name": "c", "nominal": {"gpus": 2, "cpus": 16, "memory_gb": 128}},
+        ]
+    )
+    q = QuotaLedger(tm)
+    for t, r in steps:
+        if q.check(t, r) is None:
+            q.add(t, r)
+    u = q.usage[team]
+    release = Resources(min(release.gpu, u.gpu), min(release.cpu, u.cpu), min(release.mem, u.mem))
+    given_back = q.clone()
+    given_back.remove(team, release)
+    expected = given_back.check(team, request, preemptible) is None
+    assert q.fits_after_release(team, request, preemptible, release) == expected
+
+
 @pytest.mark.parametrize(
     ("j", "field", "words"),
     [
