@@ -125,11 +125,11 @@ def plan_preemption(
             key = (job.team, below, guarded, floors)
             index = None if indexes is None else indexes.get(key)
             if index is None or not index.catch_up(excluded):
-                index = NodeIndex(
-                    _candidates(pool, job.team, below, floors, guarded, excluded),
-                    job.team,
-                    excluded,
+                own, *lenders_runs = (
+                    runs if isinstance(runs, list) else list(runs)
+                    for runs in _sources(pool, job.team, below, floors, guarded, excluded)
                 )
+                index = NodeIndex(own, job.team, excluded, more=lenders_runs, key=pool.loss_key)
                 if indexes is not None:
                     indexes[key] = index
             if not index:
@@ -154,18 +154,17 @@ def plan_preemption(
 _NO_FLOOR = 1 << 62  # a team that admitted nothing in the cycle spares none of its jobs
 
 
-def _candidates(
+def _sources(
     pool: VictimPool,
     team: str,
     below: int,
     floors: tuple[tuple[str, int], ...],
     guarded: bool,
     excluded: set[str],
-    limit: int | None = None,
-) -> list[Running]:
-    """The victims a job of `team` may take, in loss order: its team's jobs of a priority
-    below `below` (a prefix of the loss order), then each lender's reclaimable jobs of a
-    priority no higher than its floor; none of `excluded`. `limit`: only the first so many."""
+) -> list[Iterable[Running]]:
+    """The victims a job of `team` may take, one source per team, each in loss order: its
+    team's jobs of a priority below `below` (a prefix of the loss order), then each lender's
+    reclaimable jobs of a priority no higher than its floor; none of `excluded`."""
     own: Iterable[Running] = pool.below(team, below)
     if excluded:
         own = (r for r in own if r.job.id not in excluded)
@@ -175,13 +174,27 @@ def _candidates(
         if excluded or floor != _NO_FLOOR:
             runs = _allowed_of(runs, excluded, floor)
         sources.append(runs)
+    return sources
+
+
+def _candidates(
+    pool: VictimPool,
+    team: str,
+    below: int,
+    floors: tuple[tuple[str, int], ...],
+    guarded: bool,
+    excluded: set[str],
+    limit: int | None = None,
+) -> list[Running]:
+    """`_sources` as one list in loss order. `limit`: only the first so many."""
+    sources = _sources(pool, team, below, floors, guarded, excluded)
     if limit is not None:
         # Each source is in loss order already: merging them (ties to the earlier source, as
         # a stable sort of them one after another) gives the first `limit` without listing
         # and sorting every victim of every lender (thousands, for a gang's 64 candidates).
         merged = sources[0] if len(sources) == 1 else heapq.merge(*sources, key=pool.loss_key)
         return list(islice(merged, limit))
-    candidates = list(own)
+    candidates = list(sources[0])
     ordered = True
     for runs in sources[1:]:
         before = len(candidates)

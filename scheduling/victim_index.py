@@ -9,7 +9,7 @@ victims preempted since, instead of building it again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Sequence, Set
 
 from scheduling.jobs import Running
 from scheduling.resources import ZERO, Resources
@@ -24,29 +24,51 @@ class NodeIndex:
 
     __slots__ = ("_candidates", "_excluded", "_runs", "by_node", "freeable", "own", "team")
 
-    def __init__(self, candidates: Sequence[Running], team: str, excluded: Set[str]) -> None:
+    def __init__(
+        self,
+        candidates: Sequence[Running],
+        team: str,
+        excluded: Set[str],
+        *,
+        more: Sequence[Sequence[Running]] = (),
+        key: Callable[[Running], tuple] | None = None,
+    ) -> None:
+        """`candidates` in loss order; `more`: further lists of other teams' candidates, each
+        in loss order (`key`'s), merged per node only where several lists meet on one node:
+        sorting a few short lists costs less than sorting all of them together first."""
         self.team = team
         self.by_node: dict[int, list[Entry]] = {}
         self.freeable: dict[int, int] = {}  # node -> GPUs all its candidates hold
         self.own: Resources = ZERO  # ZERO itself when no candidate is of `team`
         # By id, made when a later search first takes some out (most indexes serve one).
         self._runs: dict[str, Running] | None = None
-        self._candidates = candidates
+        self._candidates = [*candidates, *(r for rs in more for r in rs)] if more else candidates
         self._excluded = frozenset(excluded)
         by_node, freeable = self.by_node, self.freeable
-        for r in candidates:
-            if r.job.team == team:
-                self.own = self.own + r.job.demand
-            if r.shares_gpu:
-                continue  # freeing a share may not free a whole GPU; the greedy search does
-            for n, k, reps in r.node_entries:
-                entry = by_node.get(n)
-                if entry is None:
-                    by_node[n] = [(r, k, reps)]
-                    freeable[n] = k
-                else:
-                    entry.append((r, k, reps))
-                    freeable[n] += k
+        mixed: set[int] = set()  # nodes where entries of several lists meet
+        origin: dict[int, int] = {}  # node -> the list its first entry came from
+        for i, runs in enumerate((candidates, *more)):
+            for r in runs:
+                if i == 0 and r.job.team == team:
+                    self.own = self.own + r.job.demand
+                if r.shares_gpu:
+                    continue  # freeing a share may not free a whole GPU; the greedy search does
+                for n, k, reps in r.node_entries:
+                    entry = by_node.get(n)
+                    if entry is None:
+                        by_node[n] = [(r, k, reps)]
+                        freeable[n] = k
+                        if more:
+                            origin[n] = i
+                    else:
+                        entry.append((r, k, reps))
+                        freeable[n] += k
+                        if i and origin[n] != i:
+                            mixed.add(n)
+        if mixed:
+            assert key is not None, "several candidate lists need the loss order's key"
+            for n in mixed:
+                by_node[n].sort(key=lambda e: key(e[0]))
 
     def __bool__(self) -> bool:
         return bool(self._candidates if self._runs is None else self._runs)

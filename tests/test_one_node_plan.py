@@ -153,3 +153,28 @@ def test_an_index_caught_up_is_the_index_made_anew(case: tuple[World, Job], data
     assert kept.own == anew.own and (kept.own is ZERO) == (anew.own is ZERO)
     assert bool(kept) == bool(anew)
     assert not kept.catch_up(first - {ids[0]}) or ids[0] not in first  # victims never return
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_worlds(), st.booleans())
+def test_an_index_of_per_team_lists_is_the_index_of_them_sorted_together(
+    case: tuple[World, Job], aware: bool
+) -> None:
+    """A search builds its index from one list per team (the preemptor's own first), each in
+    loss order, and sorts only the nodes where lists meet: that must be the index of all of
+    them in one list sorted by loss."""
+    w, preemptor = case
+    snap = w.state.snapshot(1000.0)
+    order = loss_at(1000.0) if aware else BY_LOSS
+    running = [r for r in snap.running.values() if r.job.preemptible]
+    own = sorted((r for r in running if r.job.team == preemptor.team), key=order)
+    others = [
+        sorted((r for r in running if r.job.team == t), key=order)
+        for t in sorted({r.job.team for r in running} - {preemptor.team})
+    ]
+    split = NodeIndex(own, preemptor.team, (), more=others, key=order)
+    together = NodeIndex(sorted(running, key=order), preemptor.team, ())
+    assert split.by_node == together.by_node
+    assert split.freeable == together.freeable
+    assert split.own == together.own and (split.own is ZERO) == (together.own is ZERO)
+    assert bool(split) == bool(together)
