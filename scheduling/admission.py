@@ -97,12 +97,17 @@ def check_job(
             f"GPU model(s) {', '.join(map(repr, unknown))} not in cluster {cluster.name}; it "
             f"has: {', '.join(cluster.models)} (or leave gpu_model out for any)",
         )
+    models = job.gpu_models
     if quotas:
         rejection = _check_quota(job, teams)
         if rejection:
             return rejection
+        if teams[job.team].models:
+            models, rejection = _check_model_quotas(job, cluster, teams)
+            if rejection:
+                return rejection
     if fit and not _fits_when_empty(
-        cluster, job.replicas, job.gpu, job.cpu, job.mem, job.topology, job.gpu_models,
+        cluster, job.replicas, job.gpu, job.cpu, job.mem, job.topology, models,
         job.mixed_models,
     ):  # fmt: skip
         where = f"any one {max_level(job)} of cluster {cluster.name}"
@@ -120,6 +125,41 @@ def check_job(
             f"{fix}",
         )
     return None
+
+
+def model_reach(team: Team, teams: Mapping[str, Team], preemptible: bool) -> dict[str, int]:
+    """Per model the team declares: the most of it (milli-GPUs) the team may ever hold, its
+    ceiling (its nominal, for a non-preemptible job) within its guaranteed part plus what the
+    teams that declare the model lend."""
+    pool: dict[str, int] = {}
+    for t in teams.values():
+        for q in t.models:
+            pool[q.model] = pool.get(q.model, 0) + q.lends
+    return {
+        q.model: min(q.ceiling if preemptible else q.nominal, q.guaranteed + pool[q.model])
+        for q in team.models
+    }
+
+
+def _check_model_quotas(
+    job: Job, cluster: Cluster, teams: Mapping[str, Team]
+) -> tuple[tuple[str, ...], Rejection | None]:
+    """The models the job may ever run on by its team's per-model quotas (all of a gang on
+    one model, and all of it for a mixed one: decision 0022), or a Rejection if none."""
+    team = teams[job.team]
+    reach = model_reach(team, teams, job.preemptible)
+    accepted = job.gpu_models or cluster.models
+    ok = tuple(m for m in accepted if m not in reach or reach[m] >= job.demand.gpu)
+    if ok:
+        return ok, None
+    most = ", ".join(f"{reach[m] / GPU_UNIT:g} of gpus.{m}" for m in accepted)
+    return ok, Rejection(
+        "infeasible",
+        "gpu_model",
+        f"job needs {fmt_gpus(job.demand.gpu)} GPUs of one model but team {job.team} may hold "
+        f"at most {most} (its per-model quotas); accept other models in gpu_model, ask for "
+        "less, or raise the team's gpus.<MODEL> quota",
+    )
 
 
 def _check_quota(job: Job, teams: Mapping[str, Team]) -> Rejection | None:

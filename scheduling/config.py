@@ -5,6 +5,7 @@ Errors name the file, the field and the fix; `ConfigError` carries them all at o
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,7 +22,7 @@ from scheduling.cluster import (
     Cluster,
     Node,
 )
-from scheduling.quota import Team
+from scheduling.quota import ModelQuota, Team
 from scheduling.resources import UNLIMITED, Resources
 
 DEFAULT_SLOWDOWN = {GPU_GROUP: 1.0, NODE: 1.1, RACK: 1.3, BLOCK: 1.5, CLUSTER: 1.8}
@@ -97,10 +98,33 @@ class ClusterSpec(_Strict):
         return self
 
 
-class QuotaMap(_Strict):
+MODEL_KEY = "gpus."  # `gpus.<MODEL>`: a team's quota of one GPU model
+
+
+class QuotaMap(BaseModel):
+    """`gpus`, `cpus`, `memory_gb`, and `gpus.<MODEL>` keys (one GPU model's quota)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
     gpus: NonNegative | None = None
     cpus: NonNegative | None = None
     memory_gb: NonNegative | None = None
+
+    @model_validator(mode="after")
+    def _model_keys(self) -> QuotaMap:
+        for key, value in (self.model_extra or {}).items():
+            model = key[len(MODEL_KEY) :] if key.startswith(MODEL_KEY) else ""
+            if not model or "|" in model or model.strip() != model:
+                raise ValueError(
+                    f"unknown key {key!r}: use gpus, cpus, memory_gb, or gpus.<MODEL> for one "
+                    "GPU model's quota (e.g. gpus.H100: 8)"
+                )
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise ValueError(f"{key}: {value!r} is not a number of GPUs >= 0")
+        return self
+
+    def models(self) -> dict[str, float]:
+        """The `gpus.<MODEL>` keys: model -> GPUs."""
+        return {k[len(MODEL_KEY) :]: float(v) for k, v in (self.model_extra or {}).items()}
 
 
 class TeamSpec(_Strict):
@@ -216,13 +240,57 @@ def build_teams(spec: TeamsSpec) -> dict[str, Team]:
         nominal = _limit(t.nominal, unlimited)
         borrowing = _limit(t.borrowing_limit, unlimited)
         lending = _limit(t.lending_limit, nominal)
-        out[t.name] = Team(t.name, nominal, borrowing, lending.clamp_low(), t.weight)
         excess = lending.first_excess(nominal)
         if excess:
             raise ConfigError(
                 f"team {t.name}: lending_limit.{excess} exceeds its nominal; lend at most nominal"
             )
+        models = _model_quotas(t)
+        out[t.name] = Team(t.name, nominal, borrowing, lending.clamp_low(), t.weight, models)
     return out
+
+
+def _model_quotas(t: TeamSpec) -> tuple[ModelQuota, ...]:
+    """The team's `gpus.<MODEL>` keys as per-model quotas. A model named in any of the three
+    maps is enforced; its nominal is 0 where only a limit names it (as a Kueue flavor with no
+    nominal quota: the team may use it only by borrowing, within the borrowing limit)."""
+    maps = {
+        "nominal": t.nominal.models(),
+        "borrowing_limit": t.borrowing_limit.models() if t.borrowing_limit else {},
+        "lending_limit": t.lending_limit.models() if t.lending_limit else {},
+    }
+    out = []
+    for model in sorted({m for keys in maps.values() for m in keys}):
+        nominal = Resources.of(maps["nominal"].get(model, 0)).gpu
+        borrowing = maps["borrowing_limit"].get(model)
+        lending = maps["lending_limit"].get(model)
+        q = ModelQuota(
+            model,
+            nominal,
+            UNLIMITED if borrowing is None else Resources.of(borrowing).gpu,
+            None if lending is None else Resources.of(lending).gpu,
+        )
+        if q.lends > nominal:
+            raise ConfigError(
+                f"team {t.name}: lending_limit.gpus.{model} exceeds its nominal "
+                f"gpus.{model} ({nominal / 1000:g}); lend at most nominal"
+            )
+        out.append(q)
+    return tuple(out)
+
+
+def check_team_models(cluster: Cluster, teams: Mapping[str, Team]) -> None:
+    """Every `gpus.<MODEL>` key names a model the cluster has (a typo would otherwise make a
+    quota that nothing ever uses, or forbid a model the team meant to allow)."""
+    known = set(cluster.models)
+    for t in teams.values():
+        unknown = sorted(q.model for q in t.models if q.model not in known)
+        if unknown:
+            raise ConfigError(
+                f"team {t.name}: no node has GPU model {', '.join(unknown)} (keys "
+                f"{', '.join('gpus.' + m for m in unknown)}); the cluster's models are "
+                f"{', '.join(sorted(known))}: fix the key or the nodes' gpu_model"
+            )
 
 
 def read_yaml(path: Path) -> Any:

@@ -27,9 +27,11 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 
 from scheduling import reasons
 from scheduling.backfill import Shadows, backfill_nodes
+from scheduling.capacity import Capacity
 from scheduling.cluster import CLUSTER
 from scheduling.decisions import (
     Admit,
@@ -41,6 +43,7 @@ from scheduling.decisions import (
     Status,
 )
 from scheduling.jobs import Job, Pending, Placement, Running
+from scheduling.models import gpus_by_model
 from scheduling.ordering import Candidates
 from scheduling.policy import Policy
 from scheduling.preemption import PreemptionPlan, plan_preemption
@@ -106,7 +109,13 @@ class Cycle:
         self.searches: dict[tuple[str, bool], int] = {}  # per (team, reclaims) in this cycle
         self.victims: set[str] = set()
         self.total = snap.cluster.total
-        self.place = policy.placement
+        # Per-model quotas (`gpus.<MODEL>` keys) narrow the models a job may be placed on;
+        # a cluster whose teams declare none places as the policy does, at no cost.
+        self.model_quotas = (
+            policy.quotas and snap.quota.has_models and not policy.gangs.holds_partial
+        )
+        self._within: dict[tuple[str, tuple[str, ...]], Job] = {}
+        self.place = self._place_within_model_quotas if self.model_quotas else policy.placement
         self.stopped_by: PendingReason | None = None
         self.suspended: set[str] = set()  # reservations whose holder is blocked by quota
         self.shadows = Shadows(snap)  # when each reservation's nodes drain (EASY backfill)
@@ -241,6 +250,11 @@ class Cycle:
         problem = None
         if self.policy.quotas:
             problem = self.quota.check(job.team, job.demand, job.preemptible)
+            if problem is None and self.model_quotas:
+                problem = self._model_problem(job)
+                if problem is not None:  # victims' models are not weighed yet: no search
+                    reason = reasons.quota(job.team, problem.resource, problem.limit)
+                    return Status.BLOCKED, reason
         if problem is None:
             reason = self.policy.gangs.bind(self, job)
             if reason is None:
@@ -383,8 +397,10 @@ class Cycle:
         the team, so they are remembered for the whole cycle (capacity only shrinks in it)."""
         own_reservation = job.id in self.result.reservations
         opened = self._backfill(job)
-        # replicas, gpu, cpu, mem, topology, GPU models; reserved nodes
-        key = (*job.shape[1:6], job.gpu_models, job.mixed_models, opened)
+        # replicas, gpu, cpu, mem, topology, GPU models (those its team's quotas leave it);
+        # reserved nodes
+        models = self._models_within_quota(job) if self.model_quotas else None
+        key = (*job.shape[1:6], job.gpu_models, models, job.mixed_models, opened)
         if self.fast and not own_reservation and key in self.no_room:
             return self.no_room[key]
         placement = self._place(job, opened)
@@ -460,6 +476,8 @@ class Cycle:
             self.admitted_floor[job.team] = job.priority
         self.cap.take_placement(placement, job.cpu, job.mem)
         self.quota.add(job.team, job.demand)
+        if self.model_quotas:
+            self.quota.add_models(job.team, gpus_by_model(self.snap.cluster, placement.replicas))
         # Its team's usage grew: more of its running jobs may be reclaimed now (it borrows, or
         # borrows more), so a search that failed may not fail again (seed 3240667649, under
         # kueue-tas: a reclaim after a borrower's admission took two of its team's jobs).
@@ -477,6 +495,9 @@ class Cycle:
             v = victim.job
             self.cap.give_placement(victim.placement, v.cpu, v.mem)
             self.quota.remove(v.team, v.demand)
+            if self.model_quotas:
+                by_model = gpus_by_model(self.snap.cluster, victim.placement.replicas)
+                self.quota.remove_models(v.team, by_model)
             self.victims.add(v.id)
             self.result.preempted.append(Preempt(v.id, job.id))
             if v.priority > self.preempted_ceiling.get(v.team, v.priority - 1):
@@ -501,10 +522,59 @@ class Cycle:
         ):
             return
         taken = {i for r in reservations.values() for i in r.nodes}
+        if self.model_quotas:
+            job = self._within_model_quotas(job)
         res = choose_reservation(self.cap, job, self.now, taken)
         if res is not None:
             reservations[job.id] = res
             self.cap.hide(res.nodes)
+
+    # -- per-model quotas --------------------------------------------------------------------
+
+    def _models_within_quota(self, job: Job) -> tuple[str, ...] | None:
+        """The models the job accepts (in its order, else the cluster's) that its team's
+        per-model quotas leave room on for all of it now; None: its team declares none."""
+        declared = self.quota.declared_models(job.team)
+        if not declared:
+            return None
+        cluster = self.snap.cluster
+        return tuple(
+            m
+            for m in (job.gpu_models or cluster.models)
+            if m in cluster.model_nodes
+            and self.quota.model_problem(job.team, m, job.demand.gpu, job.preemptible) is None
+        )
+
+    def _model_problem(self, job: Job) -> QuotaProblem | None:
+        """Why no model the job accepts has room in its team's per-model quotas, or None."""
+        if self._models_within_quota(job) != ():
+            return None
+        cluster = self.snap.cluster
+        for m in job.gpu_models or cluster.models:
+            problem = self.quota.model_problem(job.team, m, job.demand.gpu, job.preemptible)
+            if problem is not None:
+                return problem
+        return None
+
+    def _within_model_quotas(self, job: Job) -> Job:
+        """The job narrowed to the models its team's quotas leave room on (itself if none
+        are narrowed), made once per cycle and set of models."""
+        models = self._models_within_quota(job)
+        if models is None or models == (job.gpu_models or self.snap.cluster.models):
+            return job
+        key = (job.id, models)
+        narrowed = self._within.get(key)
+        if narrowed is None:
+            narrowed = self._within[key] = replace(job, gpu_models=models)
+        return narrowed
+
+    def _place_within_model_quotas(self, cap: Capacity, job: Job) -> Placement | None:
+        """The policy's placement, on the models the job's team's quotas leave room on: as
+        Kueue assigns a flavor whose quota fits before the pods are placed."""
+        narrowed = self._within_model_quotas(job)
+        if narrowed.gpu_models == () and narrowed is not job:
+            return None  # room on no model
+        return self.policy.placement(cap, narrowed)
 
     def _wait_for_next_instant(self) -> None:
         """A job waits only for this instant to pass (its team lost a job of higher priority

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 from scheduling.cluster import Cluster
-from scheduling.jobs import Job
+from scheduling.jobs import Job, ReplicaPlacement
 
 
 def node_sets(
@@ -67,3 +67,13 @@ def fastest_speed(cluster: Cluster, models: Iterable[str]) -> float:
 def unknown_models(cluster: Cluster, models: Iterable[str]) -> list[str]:
     """The models a job names that no node of the cluster has."""
     return [m for m in models if m not in cluster.model_nodes]
+
+
+def gpus_by_model(cluster: Cluster, replicas: Iterable[ReplicaPlacement]) -> dict[str, int]:
+    """Milli-GPUs per GPU model that some replicas hold: what per-model quotas count."""
+    out: dict[str, int] = {}
+    nodes = cluster.nodes
+    for rep in replicas:
+        model = nodes[rep.node].gpu_model
+        out[model] = out.get(model, 0) + (rep.share or 1000 * len(rep.gpus))
+    return out

@@ -22,6 +22,26 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelQuota:
+    """A team's quota of one GPU model (`gpus.<MODEL>` keys), in milli-GPUs: enforced beside
+    the model-agnostic quota, with a lending pool per model among the teams that declare it."""
+
+    model: str
+    nominal: int
+    borrowing_limit: int = UNLIMITED
+    lending_limit: int | None = None  # None: all of nominal
+    guaranteed: int = field(init=False, repr=False, compare=False)
+    ceiling: int = field(init=False, repr=False, compare=False)
+    lends: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        lends = self.nominal if self.lending_limit is None else self.lending_limit
+        object.__setattr__(self, "lends", min(lends, UNLIMITED))
+        object.__setattr__(self, "guaranteed", max(self.nominal - lends, 0))
+        object.__setattr__(self, "ceiling", min(self.nominal + self.borrowing_limit, UNLIMITED))
+
+
+@dataclass(frozen=True, slots=True)
 class Team:
     """A team's quota. Unset limits are UNLIMITED (borrowing) or all of nominal (lending)."""
 
@@ -30,6 +50,7 @@ class Team:
     borrowing_limit: Resources
     lending_limit: Resources
     weight: float = 1.0
+    models: tuple[ModelQuota, ...] = ()  # per GPU model, where the team declares any key
     # Derived once (every submission asks): the part only this team may use, the most it
     # may ever use (nominal + borrowing limit), and what it puts into the cohort's pool.
     guaranteed: Resources = field(init=False, repr=False, compare=False)
@@ -63,6 +84,8 @@ class QuotaProblem:
             )
         return f"the cohort has no idle {self.resource} left to lend to team {team}"
 
+
+_NO_MODELS: Mapping[str, ModelQuota] = {}
 
 # `check` runs for every examined job: it hands out these instead of building a new one each time.
 _PROBLEMS = {
@@ -119,8 +142,12 @@ class QuotaLedger:
     __slots__ = (
         "_ceiling",
         "_guaranteed",
+        "_models",
         "_nominal",
         "borrowers",
+        "model_pool_capacity",
+        "model_pool_used",
+        "model_usage",
         "pool_capacity",
         "pool_used",
         "teams",
@@ -136,6 +163,19 @@ class QuotaLedger:
         self.pool_capacity = cohort_pool(teams)
         self.pool_used = ZERO
         self.borrowers: set[str] = set()  # teams using more than their nominal of something
+        # Per-model quotas (`gpus.<MODEL>` keys): the teams that declare some, their usage of
+        # each model they declare (milli-GPUs), and each model's lending pool among them.
+        # Empty for most clusters: then nothing below costs anything.
+        self._models: dict[str, dict[str, ModelQuota]] = {
+            name: {q.model: q for q in t.models} for name, t in teams.items() if t.models
+        }
+        self.model_usage: dict[tuple[str, str], int] = {}
+        self.model_pool_used: dict[str, int] = {}
+        self.model_pool_capacity: dict[str, int] = {}
+        for quotas in self._models.values():
+            for q in quotas.values():
+                pool = self.model_pool_capacity.get(q.model, 0) + q.lends
+                self.model_pool_capacity[q.model] = min(pool, UNLIMITED)
 
     def clone(self) -> QuotaLedger:
         new = object.__new__(QuotaLedger)
@@ -147,7 +187,71 @@ class QuotaLedger:
         new.pool_capacity = self.pool_capacity
         new.pool_used = self.pool_used
         new.borrowers = set(self.borrowers)
+        new._models = self._models
+        new.model_pool_capacity = self.model_pool_capacity
+        # Copied only where some team declares a model (else never written: `add_models`
+        # leaves undeclared teams alone).
+        new.model_usage = dict(self.model_usage) if self._models else self.model_usage
+        new.model_pool_used = dict(self.model_pool_used) if self._models else self.model_pool_used
         return new
+
+    # -- per-model quotas ----------------------------------------------------------------------
+
+    @property
+    def has_models(self) -> bool:
+        """Does any team declare a per-model quota?"""
+        return bool(self._models)
+
+    def declared_models(self, team: str) -> Mapping[str, ModelQuota]:
+        """The models the team declares quotas for (empty: it may use any within `gpus`)."""
+        return self._models.get(team, _NO_MODELS)
+
+    def model_problem(
+        self, team: str, model: str, gpu: int, preemptible: bool = True
+    ) -> QuotaProblem | None:
+        """None when `gpu` milli-GPUs more of `model` fit the team's quota of that model (or it
+        declares none), else the first limit they break: as `check`, on one model's key."""
+        q = self._models.get(team, _NO_MODELS).get(model)
+        if q is None:
+            return None
+        used = self.model_usage.get((team, model), 0)
+        after = used + gpu
+        key = f"gpus.{model}"
+        if after > q.ceiling:
+            return QuotaProblem(key, "borrowing_limit")
+        if not preemptible and after > q.nominal:
+            return QuotaProblem(key, "nominal_non_preemptible")
+        g = q.guaranteed
+        if after > g:
+            pool = self.model_pool_used.get(model, 0) + (after - g) - max(used - g, 0)
+            if pool > self.model_pool_capacity.get(model, 0):
+                return QuotaProblem(key, "cohort")
+        return None
+
+    def add_models(self, team: str, by_model: Mapping[str, int]) -> None:
+        """A job of the team now holds `by_model` (model -> milli-GPUs): counted against the
+        models the team declares."""
+        self._change_models(team, by_model, 1)
+
+    def remove_models(self, team: str, by_model: Mapping[str, int]) -> None:
+        self._change_models(team, by_model, -1)
+
+    def _change_models(self, team: str, by_model: Mapping[str, int], sign: int) -> None:
+        declared = self._models.get(team)
+        if not declared:
+            return
+        for model, gpu in by_model.items():
+            q = declared.get(model)
+            if q is None:
+                continue
+            key = (team, model)
+            before = self.model_usage.get(key, 0)
+            after = before + sign * gpu
+            self.model_usage[key] = after
+            g = q.guaranteed
+            self.model_pool_used[model] = (
+                self.model_pool_used.get(model, 0) + max(after - g, 0) - max(before - g, 0)
+            )
 
     def check(self, team: str, request: Resources, preemptible: bool = True) -> QuotaProblem | None:
         """None when `request` fits the team's quota now, else the first limit it breaks."""
@@ -224,7 +328,9 @@ class QuotaLedger:
     def without(self, victims: Iterable[Job]) -> QuotaLedger:
         """A clone with every victim's demand given back: each team's release summed first,
         then applied once (the pool's and the borrowers' bookkeeping depend only on each
-        team's usage before and after, so this equals removing them one by one)."""
+        team's usage before and after, so this equals removing them one by one). Per-model
+        usage is left as it was: a search's trial ledgers check totals; the models a job may
+        use are read from the cycle's ledger, which victims could only make roomier."""
         release: dict[str, list[int]] = {}
         for v in victims:
             d = v.demand

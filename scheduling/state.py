@@ -17,8 +17,10 @@ from sortedcontainers import SortedKeyList
 
 from scheduling.capacity import Capacity
 from scheduling.cluster import Cluster
+from scheduling.config import check_team_models
 from scheduling.decisions import CycleResult, Reservation
 from scheduling.jobs import RESTARTED, Hold, Job, Pending, Placement, Running, clock_order
+from scheduling.models import gpus_by_model
 from scheduling.policy import Policy
 from scheduling.quota import QuotaLedger, Team
 from scheduling.snapshot import Snapshot
@@ -48,6 +50,7 @@ class EngineState:
         self.teams = teams
         self.policy = policy
         self.capacity = Capacity(cluster)
+        check_team_models(cluster, teams)
         self.quota = QuotaLedger(teams)
         self.running: dict[str, Running] = {}
         self.running_priorities: dict[str, Counter] = {t: Counter() for t in teams}
@@ -129,6 +132,7 @@ class EngineState:
         self._check_new(job)
         self.capacity.take_placement(placement, job.cpu, job.mem)
         self.quota.add(job.team, job.demand)
+        self._count_models(job, placement, 1)
         run = Running(job, placement, start_time, preemptions)
         self.running[job.id] = run
         self._index(run)
@@ -246,6 +250,7 @@ class EngineState:
                 self._origin[job.id] = self._dequeue(job.id)
                 self.capacity.take_placement(adm.placement, job.cpu, job.mem)
                 self.quota.add(job.team, job.demand)
+            self._count_models(job, adm.placement, 1)
             run = Running(job, adm.placement, now, self.preemptions.get(job.id, 0))
             self.running[job.id] = run
             self._index(run)
@@ -266,6 +271,15 @@ class EngineState:
             raise StateError(f"hold update for {job.id} drops replicas already bound")
         self.capacity.take_placement(bound[len(already) :], job.cpu, job.mem)
         self.holds[job.id] = Hold(job, tuple(bound), since)
+
+    def _count_models(self, job: Job, placement: Placement, sign: int) -> None:
+        """A running job's GPUs per model, counted against its team's per-model quotas."""
+        if self.quota.declared_models(job.team):
+            by_model = gpus_by_model(self.cluster, placement.replicas)
+            if sign > 0:
+                self.quota.add_models(job.team, by_model)
+            else:
+                self.quota.remove_models(job.team, by_model)
 
     def _index(self, run: Running) -> None:
         job = run.job
@@ -290,6 +304,7 @@ class EngineState:
         """A running job stops (finish, preemption, cancel)."""
         self.capacity.give_placement(placement, job.cpu, job.mem)
         self.quota.remove(job.team, job.demand)
+        self._count_models(job, placement, -1)
         prios = self.running_priorities[job.team]
         prios[job.priority] -= 1
         if not prios[job.priority]:

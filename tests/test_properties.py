@@ -149,9 +149,13 @@ def cluster_specs(draw: st.DrawFn) -> dict[str, Any]:
 
 
 @st.composite
-def team_specs(draw: st.DrawFn, total_gpus: int) -> list[dict[str, Any]]:
+def team_specs(
+    draw: st.DrawFn, total_gpus: int, model_gpus: dict[str, int] | None = None
+) -> list[dict[str, Any]]:
     """1-3 teams; nominal 0..all GPUs (the first team's at least 1, or every job of a lone
-    team would be rejected); borrowing and lending limits optional; CPUs sometimes."""
+    team would be rejected); borrowing and lending limits optional; CPUs sometimes. On a
+    cluster of two models (`model_gpus`: GPUs per model), a team declares per-model keys one
+    time in three."""
     teams = []
     for i in range(draw(st.integers(1, 3))):
         least = 1 if i == 0 else 0
@@ -164,8 +168,28 @@ def team_specs(draw: st.DrawFn, total_gpus: int) -> list[dict[str, Any]]:
             team["lending_limit"] = {"gpus": draw(st.integers(0, nominal) | st.just(nominal))}
         if draw(st.integers(0, 3)) == 0:
             team["nominal"]["cpus"] = draw(st.integers(0, 64))
+        if model_gpus and len(model_gpus) > 1 and draw(st.integers(0, 2)) == 0:
+            _model_keys(draw, team, model_gpus)
         teams.append(team)
     return teams
+
+
+def _model_keys(draw: st.DrawFn, team: dict[str, Any], model_gpus: dict[str, int]) -> None:
+    """`gpus.<MODEL>` keys for some of the models: a nominal, maybe a borrowing limit (in the
+    nominal map or alone) and a lending limit."""
+    for model, gpus in sorted(model_gpus.items()):
+        if not draw(st.booleans()):
+            continue
+        key = f"gpus.{model}"
+        nominal = draw(st.integers(0, gpus))
+        if draw(st.integers(0, 3)):
+            team["nominal"][key] = nominal
+        else:
+            nominal = 0  # named only in a limit: the team may only borrow this model
+        if draw(st.booleans()):
+            team.setdefault("borrowing_limit", {})[key] = draw(st.integers(0, gpus))
+        if draw(st.booleans()):
+            team.setdefault("lending_limit", {})[key] = draw(st.integers(0, nominal))
 
 
 # Strategies drawn from for every job are built once: building one costs more than a draw.
@@ -334,7 +358,11 @@ def _infeasible(job: TraceJob, how: int, biggest_node: int) -> TraceJob:
 def scenarios(draw: st.DrawFn, any_topology: bool = False) -> Scenario:
     spec = draw(cluster_specs())
     total = sum(n["gpus"] for n in spec["nodes"])
-    team_list = draw(team_specs(total))
+    model_gpus: dict[str, int] = {}
+    for n in spec["nodes"]:
+        model = n.get("gpu_model", "gpu")
+        model_gpus[model] = model_gpus.get(model, 0) + n["gpus"]
+    team_list = draw(team_specs(total, model_gpus))
     cluster, teams = parse_cluster(spec), parse_teams(team_list)
     topologies = ["any"] if any_topology else ["any", "any", "gpu_group", "node", *cluster.levels]
     trace = draw(trace_jobs(cluster, teams, topologies))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -16,9 +17,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from scheduling.config import ConfigError, load_cluster, load_teams
+from scheduling.admission import model_reach
+from scheduling.config import ConfigError, check_team_models, load_cluster, load_teams
 from scheduling.policy import UnknownPolicyError
 from scheduling.policy_file import load_policy
+from scheduling.quota import Team
+from scheduling.resources import UNLIMITED
 from scheduling.simulator.baselines import POLICIES, get_policy
 from scheduling.simulator.trace import TraceFormatError, load_trace
 
@@ -76,14 +80,46 @@ def check(
     try:
         cl = load_cluster(cluster)
         tm = load_teams(teams)
+        check_team_models(cl, tm)
     except ConfigError as e:
         raise _fail(str(e)) from None
     typer.echo(
         f"cluster {cl.name}: {len(cl.nodes)} nodes, {cl.total.gpu // 1000} GPUs, "
         f"levels {' > '.join(['cluster', *cl.levels, 'node', 'gpu_group'])}"
     )
+    if len(cl.models) > 1:
+        per_model = {m: sum(cl.nodes[i].gpus for i in nodes) for m, nodes in cl.model_nodes.items()}
+        typer.echo(
+            "GPU models: "
+            + ", ".join(
+                f"{m} {n} GPUs (speed {cl.gpu_speed.get(m, 1.0):g})" for m, n in per_model.items()
+            )
+        )
     for t in tm.values():
         typer.echo(f"team {t.name}: nominal {t.nominal.as_units()} weight {t.weight:g}")
+        for line in explain_models(t, tm, cl.models):
+            typer.echo(f"  {line}")
+
+
+def explain_models(team: Team, teams: Mapping[str, Team], models: Sequence[str]) -> list[str]:
+    """What a team's `gpus.<MODEL>` keys mean, one line per model it declares, then the
+    cluster's `models` it may use within its `gpus` alone."""
+    if not team.models:
+        return []
+    reach = model_reach(team, teams, preemptible=True)
+    lines = []
+    for q in team.models:
+        borrow = "no limit" if q.borrowing_limit >= UNLIMITED else f"{q.borrowing_limit / 1000:g}"
+        lines.append(
+            f"gpus.{q.model}: nominal {q.nominal / 1000:g}, borrowing_limit {borrow}, lends "
+            f"{q.lends / 1000:g}: guaranteed {q.guaranteed / 1000:g}, may hold up to "
+            f"{reach[q.model] / 1000:g} (with what the teams that declare {q.model} lend)"
+        )
+    declared = {q.model for q in team.models}
+    free = [m for m in models if m not in declared]
+    if free:
+        lines.append(f"{', '.join(free)}: no per-model limit, within its gpus")
+    return lines
 
 
 def simulate(

@@ -35,6 +35,7 @@ from scheduling.policy import Policy
 from scheduling.quota import Team
 from scheduling.resources import GPU_UNIT, ZERO, Resources
 from scheduling.simulator.audit_deficit import DeficitBound, Instant, Victim
+from scheduling.simulator.audit_models import ModelQuotaChecks
 from scheduling.simulator.audit_rules import RuleChecks, gang_gpus
 from scheduling.simulator.trace import TraceJob
 
@@ -114,7 +115,7 @@ def true_level(cluster: Cluster, reps: Iterable[Rep]) -> str:
     return CLUSTER
 
 
-class _Auditor(RuleChecks, DeficitBound):
+class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
     def __init__(
         self,
         cluster: Cluster,
@@ -141,6 +142,7 @@ class _Auditor(RuleChecks, DeficitBound):
         self.ceiling = {n: t.nominal + t.borrowing_limit for n, t in teams.items()}
         self.guaranteed = {n: (t.nominal - t.lending_limit).clamp_low() for n, t in teams.items()}
         self.pool = sum((t.lending_limit for t in teams.values()), ZERO)
+        self.init_models(policy.quotas and not policy.gangs.holds_partial)
         # The current cycle: team GPU usage before it, and its releases and takes in log order.
         self.base: dict[str, int] | None = None
         self.cycle: list[tuple[str, TraceJob, str, int]] = []  # (type, job, by, GPU delta)
@@ -249,6 +251,7 @@ class _Auditor(RuleChecks, DeficitBound):
         self.state[jid] = "held" if kind == "hold" else "running"
         if kind == "hold":
             return delta
+        self.charge_models(job, reps, 1)
         level, slowdown = str(ev.get("level")), float(ev.get("slowdown", math.nan))
         # The gang's speed: its slowest GPU model's (worked out here from the cluster).
         speed = min(self.cluster.gpu_speed.get(self.cluster.nodes[n].gpu_model, 1.0)
@@ -331,6 +334,8 @@ class _Auditor(RuleChecks, DeficitBound):
 
     def release(self, job: TraceJob, *, quota: bool) -> None:
         jid = job.job_id
+        if self.state.get(jid) == "running":
+            self.charge_models(job, self.alloc.get(jid, ()), -1)
         r = Resources.of(0, job.cpus_per_replica, job.memory_gb_per_replica)
         for i, gpus, share in self.alloc.pop(jid, []):
             for g in gpus:

@@ -243,7 +243,25 @@ class RuleChecks:
                 )
             if demand.first_excess(reach):
                 return
-        if not _fits_when_empty(self.cluster, job):
+        accepted = job.gpu_models or tuple({n.gpu_model: 0 for n in self.cluster.nodes})
+        if self.policy.quotas and self.teams[job.team].models:
+            # Per-model keys: a gang runs on one model (all of it counts there), within the
+            # team's ceiling of that model and the guaranteed part plus what the teams that
+            # declare the model lend.
+            lent: dict[str, int] = {}
+            for t in self.teams.values():
+                for q in t.models:
+                    lent[q.model] = lent.get(q.model, 0) + q.lends
+            reach_of = {
+                q.model: min(
+                    q.ceiling if job.preemptible else q.nominal, q.guaranteed + lent[q.model]
+                )
+                for q in self.teams[job.team].models
+            }
+            accepted = tuple(m for m in accepted if m not in reach_of or reach_of[m] >= demand.gpu)
+            if not accepted:
+                return
+        if not _fits_when_empty(self.cluster, job, accepted):
             return
         self.flag(
             job.job_id,
@@ -252,8 +270,9 @@ class RuleChecks:
         )
 
 
-def _fits_when_empty(cluster: Cluster, job: TraceJob) -> bool:
-    """Could the whole gang be placed on the empty cluster within its topology requirement?"""
+def _fits_when_empty(cluster: Cluster, job: TraceJob, accepted: tuple[str, ...]) -> bool:
+    """Could the whole gang be placed on the empty cluster within its topology requirement,
+    on the GPU models `accepted`?"""
     r = Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
     per_gpu = 1 if r.gpu >= GPU_UNIT else GPU_UNIT // r.gpu  # replicas one GPU can take
     g = max(r.gpu // GPU_UNIT, 1)
@@ -270,7 +289,6 @@ def _fits_when_empty(cluster: Cluster, job: TraceJob) -> bool:
     if job.replicas == 1 and cluster.rank[level] > cluster.rank[NODE]:
         level = NODE
     # The nodes of one GPU model the job accepts at a time; all it accepts when mixed.
-    accepted = job.gpu_models or tuple({n.gpu_model: 0 for n in cluster.nodes})
     if job.mixed_models:
         model_sets = [{n.index for n in cluster.nodes if n.gpu_model in accepted}]
     else:

@@ -1,0 +1,202 @@
+"""Per-model quotas: `gpus.<MODEL>` keys in a team's nominal, borrowing_limit and
+lending_limit, enforced beside the model-agnostic ones (scheduling/quota.py, decision 0022)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from builders import World, admitted, job
+from typer.testing import CliRunner
+
+from berth.cli import app
+from scheduling.admission import check_job
+from scheduling.config import ConfigError, parse_cluster, parse_teams
+from scheduling.decisions import Reason
+from scheduling.simulator.audit import audit, audit_or_raise
+from scheduling.simulator.baselines import POLICIES
+from scheduling.simulator.sim import simulate
+from scheduling.simulator.trace import TraceJob
+
+# Two nodes of A100s and one of H100s (faster: Berth's placer tries it first), 4 GPUs each.
+CLUSTER = parse_cluster(
+    {
+        "nodes": [
+            {"name": "a0", "gpus": 4, "gpu_model": "A100"},
+            {"name": "a1", "gpus": 4, "gpu_model": "A100"},
+            {"name": "h0", "gpus": 4, "gpu_model": "H100"},
+        ],
+        "gpu_speed": {"H100": 2.0},
+    }
+)
+
+
+def _teams(*specs: dict[str, Any]) -> dict:
+    return parse_teams(list(specs))
+
+
+def _models(w: World, job_id: str) -> set[str]:
+    return {w.cluster.nodes[r.node].gpu_model for r in w.state.running[job_id].placement.replicas}
+
+
+def test_keys_are_read_per_model_and_mistakes_name_the_key_and_the_fix() -> None:
+    t = _teams(
+        {
+            "name": "a",
+            "nominal": {"gpus": 12, "gpus.H100": 2},
+            "borrowing_limit": {"gpus.H100": 1},
+            "lending_limit": {"gpus.H100": 0, "gpus.A100": 0},
+        }
+    )["a"]
+    by_model = {q.model: q for q in t.models}
+    assert set(by_model) == {"A100", "H100"}
+    h = by_model["H100"]
+    assert (h.nominal, h.ceiling, h.lends, h.guaranteed) == (2000, 3000, 0, 2000)
+    a = by_model["A100"]  # named only in a limit: no nominal, may only borrow A100s
+    assert (a.nominal, a.lends) == (0, 0)
+    bad = [
+        ({"gpus": 4, "gpu.H100": 1}, "unknown key 'gpu.H100'"),
+        ({"gpus": 4, "gpus.": 1}, "gpus.<MODEL>"),
+        ({"gpus": 4, "gpus.H100": -1}, "not a number of GPUs >= 0"),
+        ({"gpus": 4, "gpus.H100": "many"}, "not a number of GPUs >= 0"),
+    ]
+    for nominal, words in bad:
+        with pytest.raises(ConfigError, match=r"teams\.0\.nominal") as e:
+            _teams({"name": "a", "nominal": nominal})
+        assert words in str(e.value)
+    with pytest.raises(ConfigError, match=r"lending_limit.gpus.H100 exceeds its nominal"):
+        _teams({"name": "a", "nominal": {"gpus.H100": 1}, "lending_limit": {"gpus.H100": 2}})
+
+
+def test_a_model_the_cluster_lacks_is_an_error_naming_the_key_and_the_models() -> None:
+    with pytest.raises(ConfigError) as e:
+        World(CLUSTER, _teams({"name": "a", "nominal": {"gpus": 8, "gpus.H200": 4}}))
+    assert "gpus.H200" in str(e.value) and "A100, H100" in str(e.value)
+
+
+def test_a_team_stays_within_its_models_ceiling_and_goes_to_another_model() -> None:
+    w = World(
+        CLUSTER,
+        _teams(
+            {
+                "name": "a",
+                "nominal": {"gpus": 12, "gpus.H100": 2},
+                "borrowing_limit": {"gpus.H100": 0},
+            }
+        ),
+    )
+    w.submit(job("h1", gpus=1, gpu_models=("H100",)), job("h2", gpus=1, gpu_models=("H100",)))
+    w.submit(job("h3", gpus=1, gpu_models=("H100",)), job("any", gpus=2), at=0)
+    result = w.cycle(0)
+    assert set(admitted(result)) == {"h1", "h2", "any"}
+    assert _models(w, "any") == {"A100"}  # the faster H100s have room, its quota has not
+    reason = result.pending["h3"]
+    assert reason.code == Reason.QUOTA and reason.resource == "gpus.H100"
+    assert "team a would exceed nominal + borrowing_limit for gpus.H100" in reason.message
+    w.finish("h1")
+    assert admitted(w.cycle(10)) == ["h3"]
+
+
+def test_a_team_with_only_gpus_uses_any_model_and_lending_is_per_model() -> None:
+    teams = _teams(
+        {"name": "a", "nominal": {"gpus": 6, "gpus.H100": 4}, "lending_limit": {"gpus.H100": 1}},
+        {"name": "b", "nominal": {"gpus": 6, "gpus.H100": 0}},
+        {"name": "c", "nominal": {"gpus": 0}},
+    )
+    w = World(CLUSTER, teams)
+    w.submit(job("b1", "b", gpus=2, gpu_models=("H100",)))
+    w.submit(job("c1", "c", gpus=2, gpu_models=("H100",)), at=1)
+    result = w.cycle(1)
+    # b declares H100 (nominal 0): it may borrow only what a lends of them (1 GPU). c declares
+    # no model: within its (borrowed) total it may use any.
+    assert admitted(result) == ["c1"]
+    assert result.pending["b1"].resource == "gpus.H100"
+    assert "cohort has no idle gpus.H100 left to lend to team b" in result.pending["b1"].message
+    w.submit(job("b2", "b", gpus=1, gpu_models=("H100",)), at=2)
+    assert admitted(w.cycle(2)) == ["b2"]  # the one H100 a lends
+
+
+def test_jobs_that_their_models_quotas_can_never_hold_are_rejected_at_submission() -> None:
+    teams = _teams(
+        {"name": "a", "nominal": {"gpus": 12, "gpus.H100": 2, "gpus.A100": 2}},
+        {"name": "b", "nominal": {"gpus": 4, "gpus.H100": 1}, "lending_limit": {"gpus.H100": 0}},
+    )
+    r = check_job(job("big", gpus=4), CLUSTER, teams)
+    assert r is not None and r.field == "gpu_model"
+    assert "gpus.H100" in r.message and "gpus.A100" in r.message
+    # 3 H100s: a's 2 and b's (b lends none) are not enough; 2 fit, so the request is fine.
+    assert check_job(job("three", gpus=3, gpu_models=("H100",)), CLUSTER, teams) is not None
+    assert check_job(job("two", gpus=2, gpu_models=("H100",)), CLUSTER, teams) is None
+    # b's A100s: b declares no A100 key, so its 4 GPUs may all be A100s.
+    assert check_job(job("b-a100", "b", gpus=4, gpu_models=("A100",)), CLUSTER, teams) is None
+
+
+TEAMS = [
+    {"name": "a", "nominal": {"gpus": 6, "gpus.H100": 2}, "borrowing_limit": {"gpus.H100": 1}},
+    {"name": "b", "nominal": {"gpus": 6, "gpus.H100": 2}, "lending_limit": {"gpus.H100": 1}},
+]
+
+
+def _trace() -> list[TraceJob]:
+    return [
+        TraceJob(
+            f"j{i}",
+            float(i),
+            "ab"[i % 2],
+            1,
+            float(1 + i % 3),
+            100.0 + 37 * i,
+            gpu_model="H100|A100" if i % 3 else "H100",
+        )
+        for i in range(24)
+    ]
+
+
+@pytest.mark.parametrize("policy", ["berth", "kueue-tas"])
+def test_a_replay_keeps_every_model_key_and_the_audit_checks_it(policy: str) -> None:
+    teams = parse_teams(TEAMS)
+    trace = _trace()
+    jobs = {j.job_id: j for j in trace}
+    result = simulate(CLUSTER, teams, trace, POLICIES[policy])
+    audit_or_raise(result.events, CLUSTER, teams, POLICIES[policy], jobs)
+    finished = {e["job"] for e in result.events if e["type"] == "finish"}
+    assert finished == set(jobs)
+    # Four H100-only jobs of team a at once: its H100 ceiling is 3. Replayed with teams
+    # without model keys, all four take the H100 node, and the audit says so.
+    rush = [TraceJob(f"r{i}", 0.0, "a", 1, 1.0, 500.0, gpu_model="H100") for i in range(4)]
+    kept = simulate(CLUSTER, teams, rush, POLICIES[policy])
+    audit_or_raise(kept.events, CLUSTER, teams, POLICIES[policy], {j.job_id: j for j in rush})
+    first = {e["job"] for e in kept.events if e["type"] == "admit" and e["t"] == 0}
+    assert len(first) == 3
+    loose = parse_teams([{"name": t["name"], "nominal": {"gpus": 6}} for t in TEAMS])
+    free = simulate(CLUSTER, loose, rush, POLICIES[policy])
+    found = audit(free.events, CLUSTER, teams, POLICIES[policy], {j.job_id: j for j in rush})
+    assert {v.rule for v in found} == {"quota"} and all("gpus.H100" in v.message for v in found)
+    messages = " | ".join(v.message for v in found)
+    assert "uses 4 gpus.H100, above its nominal + borrowing_limit of 3" in messages
+    assert "lends more gpus.H100 than its teams lend" in messages  # a borrows 2, b lends 1
+
+
+def test_berth_check_explains_the_model_keys_and_refuses_an_unknown_model(tmp_path) -> None:
+    (tmp_path / "cluster.yaml").write_text(
+        "name: mixed\nnodes:\n  - {name: a0, gpus: 8, gpu_model: A100}\n"
+        "  - {name: h0, gpus: 8, gpu_model: H100}\ngpu_speed: {H100: 2.5}\n"
+    )
+    teams = tmp_path / "teams.yaml"
+    teams.write_text(
+        "teams:\n  - name: vision\n    nominal: {gpus: 8, gpus.H100: 4}\n"
+        "    borrowing_limit: {gpus.H100: 2}\n    lending_limit: {gpus.H100: 1}\n"
+        "  - name: nlp\n    nominal: {gpus: 8, gpus.H100: 2}\n"
+    )
+    args = ["check", "--cluster", str(tmp_path / "cluster.yaml"), "--teams", str(teams)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "GPU models: A100 8 GPUs (speed 1), H100 8 GPUs (speed 2.5)" in res.output
+    # vision: 3 guaranteed + what vision (1) and nlp (2) lend = 6, its ceiling too.
+    assert "gpus.H100: nominal 4, borrowing_limit 2, lends 1: guaranteed 3, may hold up to 6" in (
+        res.output
+    )
+    assert "A100: no per-model limit, within its gpus" in res.output
+    teams.write_text("teams:\n  - name: vision\n    nominal: {gpus: 8, gpus.H200: 4}\n")
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "gpus.H200" in res.output and "A100, H100" in res.output
