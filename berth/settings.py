@@ -376,7 +376,7 @@ def _runtime(s: BerthSettings) -> Runtime:
         # One per process (this function is cached), started by the first trigger that waits
         # on a gang (`KubernetesRuntime.changed`): a worker's short task lists nothing.
         watch = ClusterWatch(api) if kube.watch else None
-        return KubernetesRuntime(api, kube.pods, watch=watch)
+        return KubernetesRuntime(api, kube.pods, watch=watch, model_label=kube.topology.gpu_product)
     from berth.runtime import LocalRuntime
 
     return LocalRuntime(s.runs_dir)

@@ -19,6 +19,7 @@ from airflow.sdk import DAG
 
 from operators import FROM_PARAMS, gpu_job, job_params
 from operators.context import settings
+from operators.params import form_models
 
 TRAIN = str(Path(__file__).parent / "training" / "train_mlp.py")
 # The same script in docker/job-base's image (BERTH_JOB_IMAGE), where a pod runs it.
@@ -33,7 +34,11 @@ with DAG(
     schedule=None,
     catchup=False,
     tags=["berth"],
-    params=job_params(sorted(settings().teams()), *DEFAULTS),
+    params=job_params(
+        sorted(settings().teams()),
+        *DEFAULTS,
+        models=form_models(settings().cluster() if settings().cluster_path else None),
+    ),
     doc_md=__doc__,
     # Berth's queue is the queue: a cap here (Airflow's default is 16) would hold the runs past
     # it as queued DAG runs outside Berth, with no reason, position or fair share. The run task

@@ -16,6 +16,7 @@ from airflow.sdk import Param
 
 from berth.pools import CONF_DEFAULTS
 from berth.spec_fields import Topology
+from scheduling.cluster import Cluster
 
 # A spec given as this string is read from the DAG run's params when the task runs.
 FROM_PARAMS = "params"
@@ -27,11 +28,16 @@ NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"  # a DNS-1123 label that starts wi
 
 
 def job_params(
-    teams: list[str], default_command: list[str], default_image: str | None = None
+    teams: list[str],
+    default_command: list[str],
+    default_image: str | None = None,
+    models: list[str] | None = None,
 ) -> dict[str, Param]:
     """Params for every JobSpec field a UI user needs; `teams` is the team enum;
     `default_image` fills the image field (on Kubernetes: BERTH_JOB_IMAGE, which holds the
-    default command's script).
+    default command's script); `models`, the cluster's GPU models, fastest first, where known:
+    the GPU model box is then a pick list of them (several: a multi-select, in the order
+    picked), else free text.
 
     The team has no default: a user picks one, or would be charged to the first team without
     noticing (a REST call without it is refused, naming the field). Optional fields accept
@@ -133,12 +139,7 @@ def job_params(
             section=RESOURCES,
             description="The smallest domain every replica must share (node, rack, ...).",
         ),
-        "gpu_model": optional_list(
-            "GPU models",
-            RESOURCES,
-            "The GPU models the job accepts, one per line, preferred first (e.g. H100, A100); "
-            "empty: any. Every replica runs on one model unless mixed models are allowed.",
-        ),
+        "gpu_model": _gpu_models(models),
         "mixed_models": Param(
             False,
             type="boolean",
@@ -254,3 +255,39 @@ def spec_from_params(params: Mapping[str, Any]) -> dict[str, Any]:
     elif reqs:  # both given: let parse_spec explain the conflict
         spec["environment"] = {"requirements": list(reqs)}
     return spec
+
+
+def _gpu_models(models: list[str] | None) -> Param:
+    """The GPU model box: Airflow's form shows an array Param with `examples` as a
+    multi-select; a cluster of one model has nothing to pick."""
+    text = "Every replica runs on one model unless mixed models are allowed."
+    if models and len(models) > 1:
+        return Param(
+            None,
+            type=["null", "array"],
+            items={"type": "string", "enum": models},
+            examples=models,
+            title="GPU models",
+            section=RESOURCES,
+            description=f"The GPU models the job accepts, preferred first; empty: any of "
+            f"{', '.join(models)}. {text}",
+        )
+    known = f" (this cluster's: {models[0]})" if models else " (e.g. H100, A100)"
+    return Param(
+        None,
+        type=["null", "array"],
+        items={"type": "string"},
+        title="GPU models",
+        section=RESOURCES,
+        description=f"The GPU models the job accepts, one per line, preferred first{known}; "
+        f"empty: any. {text}",
+    )
+
+
+def form_models(cluster: Cluster | None) -> list[str] | None:
+    """A cluster's GPU models for the form, fastest first (its `gpu_speed`, then its order);
+    None where the cluster is not at hand (discovered from Kubernetes: reading it at parse
+    time would reach the store)."""
+    if cluster is None:
+        return None
+    return sorted(cluster.models, key=lambda m: -cluster.gpu_speed.get(m, 1.0))

@@ -340,6 +340,30 @@ def test_configured_labels_and_tolerations(kube: KubeAPI) -> None:
     assert flat.cluster.order == ("gpu_group", "node", "cluster")
 
 
+def test_the_admins_table_names_the_models_and_gives_their_speeds(kube: KubeAPI) -> None:
+    s = Scenario(kube)
+    s.node("h", gpus=8, product="NVIDIA-H100-80GB-HBM3")
+    s.node("hp", gpus=2, product="NVIDIA-H100-PCIe")
+    s.node("a", gpus=4, product="NVIDIA-A100-SXM4-40GB")
+    s.node("x", gpus=1, product=None)  # no feature discovery on it
+    labels = TopologyLabels(
+        gpu_models={"NVIDIA-H100-80GB-HBM3": "H100", "NVIDIA-H100-PCIe": "H100"},
+        gpu_speed={"H100": 2.5},
+    )
+    cluster = discover_cluster(kube.core, labels, node_selector=s.selector).cluster
+    models = {n.name: n.gpu_model for n in cluster.nodes}
+    assert models == {
+        s.names["h"]: "H100",
+        s.names["hp"]: "H100",  # two products, one model: the admin's choice
+        s.names["a"]: "NVIDIA-A100-SXM4-40GB",  # not in the table: the product itself
+        s.names["x"]: "gpu",
+    }
+    assert cluster.gpu_speed == {"H100": 2.5}
+    assert sorted(cluster.model_nodes) == ["H100", "NVIDIA-A100-SXM4-40GB", "gpu"]
+    with pytest.raises(ValidationError, match=r"without '\|'"):
+        TopologyLabels(gpu_models={"NVIDIA-A100": "A100|A"})
+
+
 def test_discovery_reads_every_page(kube: KubeAPI, monkeypatch: pytest.MonkeyPatch) -> None:
     s = Scenario(kube)
     nodes = [s.node(f"p{i}", gpus=1) for i in range(5)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from berth.runtime.kubernetes import (
     LogsUnavailable,
     discover_cluster,
 )
-from berth.runtime.kubernetes.pods import attempt_name, label_value, pod_manifest
+from berth.runtime.kubernetes.pods import attempt_name, label_value, new_launch, pod_manifest
 from berth.runtime.kubernetes.status import transient_pull
 from berth.spec import JobSpec
 from scheduling.cluster import Cluster
@@ -440,6 +441,39 @@ def test_reattach_from_a_fresh_runtime_and_no_second_launch(kube: KubeAPI) -> No
         g.launch(job_id=launch.job_id, attempt=launch.attempt)
     g.kubelet.sync()
     assert fresh.poll(fresh.reattach(launch.job_id, launch.attempt)).state == "running"
+
+
+def test_each_pod_selects_its_nodes_gpu_product_as_discovered(kube: KubeAPI) -> None:
+    """A guard against a stale inventory: the kubelet refuses a pod whose nodeSelector its node
+    no longer matches (a requeue), so a gang never runs on GPUs it did not ask for."""
+    g = Gang(kube)
+    product = "nvidia.com/gpu.product"
+    g.runtime = KubernetesRuntime(kube.admin, g.settings, clock=g.clock, model_label=product)
+    launch = g.launch()
+    assert [r.model_selector for r in launch.replicas] == [
+        (product, "NVIDIA-H100-80GB-HBM3"),
+        (product, "NVIDIA-H100-80GB-HBM3"),
+    ]
+    for pod in g.pods(launch).values():
+        assert pod.spec.node_selector == {product: "NVIDIA-H100-80GB-HBM3"}
+        node = g.core.read_node(pod.spec.node_name)
+        assert selector_matches(pod.spec.node_selector, node.metadata.labels)
+    # The launch record (the Service's annotation) keeps it for a fresh runtime.
+    fresh = KubernetesRuntime(kube.admin, g.settings, clock=g.clock)
+    assert fresh.reattach(launch.job_id, launch.attempt) == launch
+    # A node without the label (a cluster file, no feature discovery): its pod selects none.
+    unlabelled = replace(
+        g.cluster, nodes=(replace(g.cluster.nodes[0], labels={}), *g.cluster.nodes[1:])
+    )
+    record = new_launch(
+        g.settings, "j", 1, g.placement((0, (0,)), (1, (1,))), unlabelled, namespace=g.ns,
+        team=g.team, image="i", launched_at=0.0, time_limit_s=None, model_label=product,
+    )  # fmt: skip
+    assert [r.model_selector for r in record.replicas] == [
+        None,
+        (product, "NVIDIA-H100-80GB-HBM3"),
+    ]
+    assert "nodeSelector" not in _manifest(g.settings, record.replicas[0])["spec"]
 
 
 def test_orphans_are_cleaned_and_live_attempts_kept(kube: KubeAPI) -> None:

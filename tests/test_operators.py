@@ -23,12 +23,12 @@ from berth.spec import SpecError, parse_spec
 from operators.environment import env_key, prepare_environment
 from operators.job import job_id_for, resolve_spec
 from operators.launching import LaunchPlan
-from operators.params import FROM_PARAMS, job_params, spec_from_params
+from operators.params import FROM_PARAMS, form_models, job_params, spec_from_params
 from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
 from operators.staging import StagingError, collect_attempt, stage_inputs
 from operators.tracking import TaskRef
 from operators.triggers import AdmissionTrigger, CompletionTrigger
-from scheduling.config import load_cluster, load_teams, parse_teams
+from scheduling.config import load_cluster, load_teams, parse_cluster, parse_teams
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -359,3 +359,29 @@ def test_the_trigger_form_has_sections_titles_and_descriptions_and_no_required_e
     no_default = {k for k, p in params.items() if p.dump()["value"] is None}
     assert no_default & required == {"team"}
     assert params["name"].schema["pattern"] and params["team"].schema["enum"] == sorted(TEAMS)
+
+
+def test_the_gpu_model_box_lists_the_clusters_models_fastest_first() -> None:
+    cluster = parse_cluster(
+        {
+            "nodes": [
+                {"name": "v", "gpus": 8, "gpu_model": "V100"},
+                {"name": "a", "gpus": 8, "gpu_model": "A100"},
+                {"name": "h", "gpus": 8, "gpu_model": "H100"},
+            ],
+            "gpu_speed": {"H100": 3.0, "V100": 0.5},
+        }
+    )
+    models = form_models(cluster)
+    assert models == ["H100", "A100", "V100"]
+    box = job_params(sorted(TEAMS), ["true"], models=models)["gpu_model"]
+    # Airflow's form renders an array Param with `examples` as a multi-select.
+    assert box.schema["examples"] == models and box.schema["items"]["enum"] == models
+    assert box.value is None  # empty: any model
+    params = {**_form_defaults(sorted(TEAMS), ["true"]), "team": "language"}
+    spec = parse_spec(spec_from_params({**params, "gpu_model": ["A100", "H100"]}))
+    assert spec.gpu_model == ("A100", "H100")
+    # One model, or none known (a discovered cluster): free text, with a hint.
+    one = job_params(sorted(TEAMS), ["true"], models=["declared"])["gpu_model"]
+    assert "examples" not in one.schema and "this cluster's: declared" in one.description
+    assert form_models(None) is None

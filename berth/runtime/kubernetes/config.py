@@ -11,6 +11,8 @@ pods:                      # berth/runtime/kubernetes/pods.py KubeSettings
   data_volume: {claim: berth-data, staging_image: registry.example/berth-airflow:0.1.0}
 topology:                  # labels.TopologyLabels
   rack: topology.kubernetes.io/zone
+  gpu_models: {NVIDIA-H100-80GB-HBM3: H100}   # GPU feature discovery's product -> model
+  gpu_speed: {H100: 2.0}
 node_selector: berth.io/pool=training
 discovery_ttl_s: 10
 watch: true                # polls read a list-and-watch of pods, Services, nodes (watch.py)

@@ -3,7 +3,8 @@
 Each node Berth may place on becomes a `scheduling.cluster.Node`: its allocatable GPUs (the
 device plugin's `nvidia.com/gpu`), GPU model (GPU feature discovery's `nvidia.com/gpu.product`),
 allocatable CPUs and memory, its block and rack from configurable labels, and its GPU groups
-from an annotation (see `labels.TopologyLabels`).
+from an annotation (see `labels.TopologyLabels`). The product label's values become model names
+through the admin's table (`TopologyLabels.gpu_models`), and models get speeds (`gpu_speed`).
 
 Left out, each with the reason in `Inventory.left_out`: nodes that are not Ready, cordoned,
 tainted NoSchedule/NoExecute against Berth's pods (the tolerated set is configurable), without
@@ -107,6 +108,7 @@ def discover_cluster(
         tuple(level for level, _ in labels.levels),
         tuple(nodes),
         {**DEFAULT_SLOWDOWN, **(slowdown or {})},
+        dict(labels.gpu_speed),
     )
     return Inventory(cluster, _foreign_use(api, cluster, labels), left_out)
 
@@ -151,7 +153,7 @@ def _node(index: int, node: Any, labels: TopologyLabels) -> Node:
         index=index,
         name=meta.name,
         gpus=gpus,
-        gpu_model=node_labels.get(labels.gpu_product, "gpu"),
+        gpu_model=labels.model_of(node_labels.get(labels.gpu_product)),
         groups=groups,
         # What the scheduler may hand out, rounded down: never claim a fraction we cannot use.
         cpu=cpu_milli(allocatable.get("cpu"), round_up=False),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
@@ -58,6 +58,30 @@ class TopologyLabels(_Strict):
     gpu_groups: LabelKey = "berth.io/gpu-groups"
     gpu_product: LabelKey = "nvidia.com/gpu.product"
     gpu_resource: LabelKey = "nvidia.com/gpu"
+    # The admin's table from GPU feature discovery's product names to the model names that
+    # teams' `gpus.<MODEL>` keys and jobs' `gpu_model` use, e.g. {NVIDIA-H100-80GB-HBM3: H100};
+    # a product not in it is its own model name. Several products may map to one model (the
+    # PCIe and SXM cards of a generation, when the admin wants them as one).
+    gpu_models: dict[str, str] = {}
+    # Model (after the table) -> speed against 1.0, as cluster.yaml's gpu_speed.
+    gpu_speed: dict[str, Annotated[float, Field(gt=0)]] = {}
+
+    @field_validator("gpu_models")
+    @classmethod
+    def _model_names(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = sorted(m for m in v.values() if not m or "|" in m or m.strip() != m)
+        if bad:
+            raise ValueError(
+                f"model names {bad} cannot be used: give names without '|' or surrounding "
+                "spaces, such as H100"
+            )
+        return v
+
+    def model_of(self, product: str | None) -> str:
+        """A node's GPU model from its product label (`gpu`: no label)."""
+        if product is None:
+            return "gpu"
+        return self.gpu_models.get(product, product)
 
     @property
     def levels(self) -> tuple[tuple[str, str], ...]:

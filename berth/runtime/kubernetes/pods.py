@@ -9,7 +9,9 @@ Choices, each for a reason:
   second scheduler can disagree (place a replica elsewhere, or wait on its own scoring), and a
   cluster without the default scheduler (like the tests' API server) still runs the gang. The
   price is that the kubelet, not the scheduler, checks the fit: a pod that does not fit fails
-  with `OutOf<resource>`, which `status.py` reports as a requeue.
+  with `OutOf<resource>`, which `status.py` reports as a requeue. A **nodeSelector on the
+  node's GPU product label** (its value when discovered) makes the kubelet refuse the pod the
+  same way if the node's GPUs changed since: the gang never runs on a model it did not ask for.
 - **Whole GPUs** are the engine's exact devices where the cluster serves DRA and a GPU driver
   publishes the node's devices: the pod references a ResourceClaim (`dra.py`, `claims.py`).
   Elsewhere they are `nvidia.com/gpu` requests equal to limits and the device plugin picks
@@ -95,6 +97,9 @@ class KubeSettings(BaseModel):
 class KubeReplica(ReplicaHandle):
     pod: str
     claim: str | None = None  # its ResourceClaim: DRA holds its exact GPUs
+    # (label, value) of its node's GPU model as discovery read it: the pod's nodeSelector, so
+    # that the kubelet refuses it (a requeue) if the node's GPUs changed since.
+    model_selector: tuple[str, str] | None = None
 
 
 class KubeLaunch(Launch):
@@ -129,12 +134,22 @@ def new_launch(
     data_claim: str | None = None,
     shm_mib: int = 0,
     checkpoint_claim: str | None = None,
+    model_label: str | None = None,
 ) -> KubeLaunch:
-    """The launch record of an attempt: rank i is replica i of the placement."""
+    """The launch record of an attempt: rank i is replica i of the placement. `model_label`:
+    the node label that names its GPUs (GPU feature discovery's product): each replica's pod
+    selects its node's value of it."""
     service = attempt_name(job_id, attempt)
     replicas = replica_handles(
         KubeReplica, placement, cluster, pod=lambda rank: f"{service}-{rank}"
     )
+    if model_label is not None:
+        replicas = tuple(
+            r.model_copy(update={"model_selector": (model_label, value)})
+            if (value := cluster.nodes[r.node].labels.get(model_label)) is not None
+            else r
+            for r in replicas
+        )
     return KubeLaunch(
         job_id=job_id, attempt=attempt, launched_at=launched_at, time_limit_s=time_limit_s,
         master_addr=master_addr(settings, namespace, service), master_port=settings.master_port,
@@ -331,6 +346,9 @@ def pod_manifest(
             }
         ],
     }
+    if rep.model_selector is not None:
+        key, value = rep.model_selector
+        spec["nodeSelector"] = {key: value}
     if launch.time_limit_s is not None:
         # The kubelet enforces the limit even while no poller runs (reason DeadlineExceeded).
         spec["activeDeadlineSeconds"] = max(1, round(launch.time_limit_s))

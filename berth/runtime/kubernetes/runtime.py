@@ -70,9 +70,13 @@ class KubernetesRuntime:
         *,
         clock: Callable[[], float] = time.time,
         watch: ClusterWatch | None = None,
+        model_label: str | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.settings = settings or manifests.KubeSettings()
+        # The node label naming a node's GPUs (discovery's `gpu_product`): pods select their
+        # node's value of it.
+        self.model_label = model_label
         self.clock = clock  # wall clock, as Launch.launched_at
         # The process's list-and-watch of pods, Services and nodes (watch.py): `poll` reads
         # "still running" from it, the API server for anything else; None reads the API always.
@@ -152,7 +156,7 @@ class KubernetesRuntime:
             self.settings, job_id, attempt, placement, cluster, namespace=namespace,
             team=team, image=image, launched_at=self.clock(), time_limit_s=time_limit_s,
             data_claim=data_claim, shm_mib=shm_mib(shm_gb, memory_gb),
-            checkpoint_claim=checkpoint_claim,
+            checkpoint_claim=checkpoint_claim, model_label=self.model_label,
         )  # fmt: skip
         with unavailable_as("the GPUs' devices could not be read"):
             plan = self.claims.plan(launch)
