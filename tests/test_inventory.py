@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from berth.runtime.inventory import (
+    DEVICES_LABEL,
     GpuInfo,
     InventoryError,
     detect_gpus,
@@ -172,3 +173,31 @@ def test_declared_cluster_is_checked_against_detected_gpus(tmp_path: Path) -> No
         local_cluster(declared, smi)
     declared.write_text("nodes:\n  - {name: laptop-0, gpus: 4}\n")
     assert local_cluster(declared, smi).nodes[0].gpus == 4
+
+
+# A workstation of two models: A100s at devices 0 and 2, T4s at 1 and 3, pairs behind PCIe
+# switches (0-1, 2-3), so no fast link within a model.
+MIXED_QUERY = """\
+0, NVIDIA A100-PCIE-40GB, 40960, GPU-a0
+1, Tesla T4, 15360, GPU-t1
+2, NVIDIA A100-PCIE-40GB, 40960, GPU-a2
+3, Tesla T4, 15360, GPU-t3
+"""
+
+
+def test_a_machine_of_two_models_is_a_node_per_model_numbered_as_the_engine_counts(
+    tmp_path: Path,
+) -> None:
+    cluster = local_cluster(None, fake_nvidia_smi(tmp_path, MIXED_QUERY, PCIE_TOPO))
+    a100, t4 = cluster.nodes
+    assert (a100.gpu_model, a100.gpus, a100.labels) == (
+        "NVIDIA A100-PCIE-40GB", 2, {DEVICES_LABEL: "0,2"}
+    )  # fmt: skip
+    assert (t4.gpu_model, t4.gpus, t4.labels) == ("Tesla T4", 2, {DEVICES_LABEL: "1,3"})
+    assert a100.name.endswith("-nvidia-a100-pcie-40gb") and t4.name.endswith("-tesla-t4")
+    assert a100.groups == t4.groups == (0b01, 0b10)  # each model's GPUs are on two switches
+    cpus = (os.cpu_count() or 1) * 1000
+    assert a100.cpu + t4.cpu == cpus and a100.cpu == cpus // 2  # the machine, shared by GPUs
+    # One model: one node, numbered as the machine numbers its GPUs, no label.
+    (h100,) = local_cluster(None, fake_nvidia_smi(tmp_path, H100_QUERY, H100_TOPO)).nodes
+    assert h100.labels == {}

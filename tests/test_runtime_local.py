@@ -27,7 +27,9 @@ from waiting import wait_for
 
 from berth.runtime import GangStatus, LaunchError, LocalLaunch, LocalRuntime, LogCursor
 from berth.runtime.base import replica_env
+from berth.runtime.inventory import DEVICES_LABEL
 from berth.runtime.shim import group_members, proc_stat
+from scheduling.config import parse_cluster
 from scheduling.jobs import Placement, ReplicaPlacement
 
 PY = sys.executable
@@ -207,6 +209,27 @@ def test_a_shared_gpu_gets_its_one_gpu_and_a_share_hint(rt: LocalRuntime, workdi
     launch = rt.launch("share", 1, cmd, placement, two_nodes(), env={}, workdir=workdir)
     assert finish(rt, launch).state == "succeeded"
     assert rt.logs(launch)[0] == ["[rank 0] 2 0.25"]
+
+
+def test_a_node_of_one_model_on_a_mixed_machine_gets_its_own_devices(
+    rt: LocalRuntime, workdir: Path
+) -> None:
+    """A machine of two models is a node per model (berth/runtime/inventory.py), each
+    numbered from 0 by the engine: the replica sees the machine's own device indices."""
+    mixed = parse_cluster(
+        {
+            "nodes": [
+                {"name": "ws-a100", "gpus": 2, "gpu_model": "A100",
+                 "labels": {DEVICES_LABEL: "0,2"}},
+                {"name": "ws-t4", "gpus": 2, "gpu_model": "T4", "labels": {DEVICES_LABEL: "1,3"}},
+            ]
+        }
+    )  # fmt: skip
+    placement = Placement((ReplicaPlacement(1, (1,)), ReplicaPlacement(0, (0, 1))), "cluster")
+    cmd = program("import os; print(os.environ['CUDA_VISIBLE_DEVICES'])")
+    launch = rt.launch("mixed", 1, cmd, placement, mixed, env={}, workdir=workdir)
+    assert finish(rt, launch).state == "succeeded"
+    assert sorted(rt.logs(launch)[0]) == ["[rank 0] 3", "[rank 1] 0,2"]
 
 
 def test_success_and_a_failed_rank_stops_the_other(rt: LocalRuntime, workdir: Path) -> None:

@@ -23,6 +23,9 @@ from scheduling.cluster import Cluster
 from scheduling.config import load_cluster, parse_cluster
 
 QUERY = ["--query-gpu=index,name,memory.total,uuid", "--format=csv,noheader,nounits"]
+# A node's GPUs as the machine's device indices, where they are not 0..n-1 (a machine of
+# several models is a node per model).
+DEVICES_LABEL = "berth.io/gpu-devices"
 TIMEOUT_S = 20.0
 _GPU = re.compile(r"GPU(\d+)")
 _LINE_FORMAT = (
@@ -133,15 +136,44 @@ def local_cluster(declared: Path | None, nvidia_smi: str = "nvidia-smi") -> Clus
             "declared; declare one to try Berth without GPUs, e.g. a cluster.yaml with "
             "`nodes: [{name: laptop-0, gpus: 4, cpus: 8, memory_gb: 16}]`"
         )
-    node = {
-        "name": socket.gethostname() or "localhost",
-        "gpus": len(gpus),
-        "gpu_model": gpus[0].name,  # one model per node in the engine's model
-        "gpu_groups": detect_gpu_groups(len(gpus), nvidia_smi),
-        "cpus": os.cpu_count() or 1,
-        "memory_gb": _memory_gb(),
-    }
-    return parse_cluster({"name": "local", "nodes": [node]}, "detected machine")
+    host = socket.gethostname() or "localhost"
+    nodes = machine_nodes(
+        host, gpus, detect_gpu_groups(len(gpus), nvidia_smi), os.cpu_count() or 1, _memory_gb()
+    )
+    return parse_cluster({"name": "local", "nodes": nodes}, "detected machine")
+
+
+def machine_nodes(
+    host: str, gpus: list[GpuInfo], groups: list[list[int]], cpus: float, memory_gb: float
+) -> list[dict[str, object]]:
+    """This machine as the engine's nodes: one node, or one per GPU model on a machine of
+    several (a node holds one model in the engine), each with its share of the CPUs and
+    memory by GPUs and its GPUs' device indices in the label `DEVICES_LABEL`, which the local
+    runtime puts in CUDA_VISIBLE_DEVICES (the engine numbers a node's GPUs from 0)."""
+    by_model: dict[str, list[int]] = {}
+    for g in gpus:
+        by_model.setdefault(g.name, []).append(g.index)
+    nodes: list[dict[str, object]] = []
+    for model, devices in by_model.items():
+        local = {device: i for i, device in enumerate(devices)}
+        own = [[local[d] for d in group if d in local] for group in groups]
+        share = len(devices) / len(gpus)
+        node: dict[str, object] = {
+            "name": host if len(by_model) == 1 else f"{host}-{_slug(model)}",
+            "gpus": len(devices),
+            "gpu_model": model,
+            "gpu_groups": [group for group in own if group],
+            "cpus": cpus * share,
+            "memory_gb": memory_gb * share,
+        }
+        if devices != list(range(len(devices))):
+            node["labels"] = {DEVICES_LABEL: ",".join(map(str, devices))}
+        nodes.append(node)
+    return nodes
+
+
+def _slug(model: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-") or "gpu"
 
 
 def _run(program: str, args: list[str]) -> str | None:

@@ -45,6 +45,7 @@ from berth.runtime.base import (
     replica_handles,
 )
 from berth.runtime.base import Launch as _Launch
+from berth.runtime.inventory import DEVICES_LABEL
 from scheduling.cluster import Cluster
 from scheduling.jobs import Placement
 
@@ -72,6 +73,17 @@ class LocalLaunch(_Launch):
     command: tuple[str, ...]
     boot_id: str  # pids and start times mean nothing after a reboot
     replicas: tuple[LocalReplica, ...]
+
+
+def device_indices(cluster: Cluster, rep: ReplicaHandle) -> str:
+    """The replica's GPUs as this machine numbers them: the engine's indices on its node,
+    through the node's `DEVICES_LABEL` where it has one (a machine of several GPU models is a
+    node per model, each numbered from 0)."""
+    mapped = cluster.nodes[rep.node].labels.get(DEVICES_LABEL)
+    if mapped is None:
+        return ",".join(map(str, rep.gpus))
+    devices = mapped.split(",")
+    return ",".join(devices[g] for g in rep.gpus)
 
 
 class LocalRuntime:
@@ -149,7 +161,8 @@ class LocalRuntime:
         base[CHECKPOINT_DIR] = str(checkpoints)
         try:
             for rep in replicas:
-                self._spawn(launch, rep, base | replica_env(launch, rep))
+                devices = {"CUDA_VISIBLE_DEVICES": device_indices(cluster, rep)}
+                self._spawn(launch, rep, base | replica_env(launch, rep) | devices)
         except BaseException:
             self._terminate(self._with_pids(launch), self.grace_s)  # no partial gangs
             raise
