@@ -136,7 +136,8 @@ def plan_preemption(
                 return None
             now = pool.now if pool.checkpoint_aware else None
             return _plan_on_index(index, cap, quota, job, place, now, keep_nominal)
-        candidates = _candidates(pool, job.team, below, floors, guarded, excluded, max_candidates)
+        sources = _sources(pool, job.team, below, floors, guarded, excluded)
+        candidates = _candidates(sources, pool.loss_key, max_candidates)
         if not candidates:
             return None
         return _plan_greedy(candidates, cap, quota, job, place, keep_nominal)
@@ -178,21 +179,16 @@ def _sources(
 
 
 def _candidates(
-    pool: VictimPool,
-    team: str,
-    below: int,
-    floors: tuple[tuple[str, int], ...],
-    guarded: bool,
-    excluded: set[str],
+    sources: list[Iterable[Running]],
+    loss_key: Callable[[Running], tuple],
     limit: int | None = None,
 ) -> list[Running]:
-    """`_sources` as one list in loss order. `limit`: only the first so many."""
-    sources = _sources(pool, team, below, floors, guarded, excluded)
+    """`_sources` as one list in loss order (`loss_key`'s). `limit`: only the first so many."""
     if limit is not None:
         # Each source is in loss order already: merging them (ties to the earlier source, as
         # a stable sort of them one after another) gives the first `limit` without listing
         # and sorting every victim of every lender (thousands, for a gang's 64 candidates).
-        merged = sources[0] if len(sources) == 1 else heapq.merge(*sources, key=pool.loss_key)
+        merged = sources[0] if len(sources) == 1 else heapq.merge(*sources, key=loss_key)
         return list(islice(merged, limit))
     candidates = list(sources[0])
     ordered = True
@@ -202,7 +198,7 @@ def _candidates(
         if before and len(candidates) > before:
             ordered = False
     if not ordered:  # each team's list is in loss order already
-        candidates.sort(key=pool.loss_key)
+        candidates.sort(key=loss_key)
     return candidates
 
 

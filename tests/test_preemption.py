@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduling.jobs import Placement, ReplicaPlacement, Running
-from scheduling.preemption import _candidates
+from scheduling.preemption import _candidates, _sources
 from scheduling.victims import BY_LOSS
 
 POL = policy("berth", min_runtime_s=100, preemption_delay_s=50)
@@ -191,7 +191,7 @@ def test_unsaved_work_counts_from_the_last_checkpoint():
 
 
 class _Pool:
-    """The part of a VictimPool that `_candidates` reads: each team's victims in loss order."""
+    """The part of a VictimPool that `_sources` reads: each team's victims in loss order."""
 
     def __init__(self, runs: list[Running]) -> None:
         self.loss_key = BY_LOSS
@@ -246,7 +246,7 @@ def test_candidates_are_the_allowed_victims_in_loss_order(
         key=BY_LOSS,
     )
     pool = _Pool(runs)
-    got = _candidates(pool, "a", 3, floors, True, excluded)  # type: ignore[arg-type]
+    got = _candidates(_sources(pool, "a", 3, floors, True, excluded), BY_LOSS)  # type: ignore[arg-type]
     assert got == expected
-    limited = _candidates(pool, "a", 3, floors, True, excluded, limit)  # type: ignore[arg-type]
-    assert limited == expected[:limit]
+    sources = _sources(pool, "a", 3, floors, True, excluded)  # type: ignore[arg-type]
+    assert _candidates(sources, BY_LOSS, limit) == expected[:limit]
