@@ -13,9 +13,9 @@ from functools import lru_cache
 from scheduling.capacity import Capacity
 from scheduling.cluster import CLUSTER, Cluster
 from scheduling.jobs import Job
-from scheduling.models import node_sets, unknown_models
+from scheduling.models import model_gpus, node_sets, unknown_models
 from scheduling.placement import max_level, place_gang
-from scheduling.quota import Team, cohort_pool
+from scheduling.quota import Team, cohort_pool, model_quotas
 from scheduling.resources import GPU_UNIT, Resources, fmt_gpus, gpu_request_problem
 
 
@@ -102,7 +102,7 @@ def check_job(
         rejection = _check_quota(job, teams)
         if rejection:
             return rejection
-        if teams[job.team].models:
+        if any(t.models for t in teams.values()):
             models, rejection = _check_model_quotas(job, cluster, teams)
             if rejection:
                 return rejection
@@ -127,17 +127,16 @@ def check_job(
     return None
 
 
-def model_reach(team: Team, teams: Mapping[str, Team], preemptible: bool) -> dict[str, int]:
-    """Per model the team declares: the most of it (milli-GPUs) the team may ever hold, its
-    ceiling (its nominal, for a non-preemptible job) within its guaranteed part plus what the
-    teams that declare the model lend."""
-    pool: dict[str, int] = {}
-    for t in teams.values():
-        for q in t.models:
-            pool[q.model] = pool.get(q.model, 0) + q.lends
+def model_reach(
+    team: Team, teams: Mapping[str, Team], cluster: Cluster, preemptible: bool
+) -> dict[str, int]:
+    """Per governed model (`quota.model_quotas`): the most of it (milli-GPUs) the team may ever
+    hold, its ceiling (its nominal, for a non-preemptible job) within its guaranteed part plus
+    the model's pool."""
+    per_team, pools = model_quotas(teams, model_gpus(cluster))
     return {
-        q.model: min(q.ceiling if preemptible else q.nominal, q.guaranteed + pool[q.model])
-        for q in team.models
+        m: min(q.ceiling if preemptible else q.nominal, q.guaranteed + pools[m])
+        for m, q in per_team.get(team.name, {}).items()
     }
 
 
@@ -147,7 +146,7 @@ def _check_model_quotas(
     """The models the job may ever run on by its team's per-model quotas (all of a gang on
     one model, and all of it for a mixed one: decision 0022), or a Rejection if none."""
     team = teams[job.team]
-    reach = model_reach(team, teams, job.preemptible)
+    reach = model_reach(team, teams, cluster, job.preemptible)
     accepted = job.gpu_models or cluster.models
     ok = tuple(m for m in accepted if m not in reach or reach[m] >= job.demand.gpu)
     if ok:

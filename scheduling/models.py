@@ -77,3 +77,11 @@ def gpus_by_model(cluster: Cluster, replicas: Iterable[ReplicaPlacement]) -> dic
         model = nodes[rep.node].gpu_model
         out[model] = out.get(model, 0) + (rep.share or 1000 * len(rep.gpus))
     return out
+
+
+def model_gpus(cluster: Cluster) -> dict[str, int]:
+    """The cluster's GPUs per model, in milli-GPUs (as quotas count them)."""
+    return {
+        m: 1000 * sum(cluster.nodes[i].gpus for i in nodes)
+        for m, nodes in cluster.model_nodes.items()
+    }

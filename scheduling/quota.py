@@ -87,6 +87,33 @@ class QuotaProblem:
 
 _NO_MODELS: Mapping[str, ModelQuota] = {}
 
+
+def model_quotas(
+    teams: Mapping[str, Team], model_gpus: Mapping[str, int]
+) -> tuple[dict[str, dict[str, ModelQuota]], dict[str, int]]:
+    """Per team, its quota of every *governed* model (one that some team declares a
+    `gpus.<MODEL>` key for), and each governed model's lending pool (milli-GPUs).
+
+    Once one team declares a model, every team's use of it counts: a team that declares no key
+    for it has a nominal of 0 and no borrowing limit, so it uses the model by borrowing from the
+    pool, within its `gpus`. The pool holds what the declaring teams lend and what of the
+    model's GPUs (`model_gpus`, the cluster's) no team's nominal claims. So what a team does not
+    lend of its nominal (`lending_limit`) no other team can ever take."""
+    governed = sorted({q.model for t in teams.values() for q in t.models})
+    if not governed:
+        return {}, {}
+    per_team: dict[str, dict[str, ModelQuota]] = {}
+    for name, t in teams.items():
+        own = {q.model: q for q in t.models}
+        per_team[name] = {m: own.get(m) or ModelQuota(m, 0) for m in governed}
+    pools = {}
+    for m in governed:
+        claimed = sum(per_team[n][m].nominal for n in teams)
+        lent = sum(per_team[n][m].lends for n in teams)
+        pools[m] = min(lent + max(model_gpus.get(m, 0) - claimed, 0), UNLIMITED)
+    return per_team, pools
+
+
 # `check` runs for every examined job: it hands out these instead of building a new one each time.
 _PROBLEMS = {
     (resource, limit): QuotaProblem(resource, limit)
@@ -154,7 +181,11 @@ class QuotaLedger:
         "usage",
     )
 
-    def __init__(self, teams: Mapping[str, Team]) -> None:
+    def __init__(
+        self, teams: Mapping[str, Team], model_gpus: Mapping[str, int] | None = None
+    ) -> None:
+        """`model_gpus`: the cluster's GPUs per model (milli), for the pools of the models
+        that teams declare quotas for (`model_quotas`)."""
         self.teams = teams
         self.usage: dict[str, Resources] = {name: ZERO for name in teams}
         self._guaranteed = {name: t.guaranteed for name, t in teams.items()}
@@ -163,19 +194,12 @@ class QuotaLedger:
         self.pool_capacity = cohort_pool(teams)
         self.pool_used = ZERO
         self.borrowers: set[str] = set()  # teams using more than their nominal of something
-        # Per-model quotas (`gpus.<MODEL>` keys): the teams that declare some, their usage of
-        # each model they declare (milli-GPUs), and each model's lending pool among them.
+        # Per-model quotas (`gpus.<MODEL>` keys): every team's quota of each governed model,
+        # its usage of it (milli-GPUs) and each such model's lending pool (`model_quotas`).
         # Empty for most clusters: then nothing below costs anything.
-        self._models: dict[str, dict[str, ModelQuota]] = {
-            name: {q.model: q for q in t.models} for name, t in teams.items() if t.models
-        }
+        self._models, self.model_pool_capacity = model_quotas(teams, model_gpus or {})
         self.model_usage: dict[tuple[str, str], int] = {}
         self.model_pool_used: dict[str, int] = {}
-        self.model_pool_capacity: dict[str, int] = {}
-        for quotas in self._models.values():
-            for q in quotas.values():
-                pool = self.model_pool_capacity.get(q.model, 0) + q.lends
-                self.model_pool_capacity[q.model] = min(pool, UNLIMITED)
 
     def clone(self) -> QuotaLedger:
         new = object.__new__(QuotaLedger)
@@ -203,14 +227,15 @@ class QuotaLedger:
         return bool(self._models)
 
     def declared_models(self, team: str) -> Mapping[str, ModelQuota]:
-        """The models the team declares quotas for (empty: it may use any within `gpus`)."""
+        """The team's quotas of the governed models (empty where no team declares any: then
+        every team uses any model within its `gpus`)."""
         return self._models.get(team, _NO_MODELS)
 
     def model_problem(
         self, team: str, model: str, gpu: int, preemptible: bool = True
     ) -> QuotaProblem | None:
-        """None when `gpu` milli-GPUs more of `model` fit the team's quota of that model (or it
-        declares none), else the first limit they break: as `check`, on one model's key."""
+        """None when `gpu` milli-GPUs more of `model` fit the team's quota of that model (or no
+        team declares one), else the first limit they break: as `check`, on one model's key."""
         q = self._models.get(team, _NO_MODELS).get(model)
         if q is None:
             return None
@@ -230,7 +255,7 @@ class QuotaLedger:
 
     def add_models(self, team: str, by_model: Mapping[str, int]) -> None:
         """A job of the team now holds `by_model` (model -> milli-GPUs): counted against the
-        models the team declares."""
+        governed models."""
         self._change_models(team, by_model, 1)
 
     def remove_models(self, team: str, by_model: Mapping[str, int]) -> None:

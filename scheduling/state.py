@@ -20,7 +20,7 @@ from scheduling.cluster import Cluster
 from scheduling.config import check_team_models
 from scheduling.decisions import CycleResult, Reservation
 from scheduling.jobs import RESTARTED, Hold, Job, Pending, Placement, Running, clock_order
-from scheduling.models import gpus_by_model
+from scheduling.models import gpus_by_model, model_gpus
 from scheduling.policy import Policy
 from scheduling.quota import QuotaLedger, Team
 from scheduling.snapshot import Snapshot
@@ -51,7 +51,7 @@ class EngineState:
         self.policy = policy
         self.capacity = Capacity(cluster)
         check_team_models(cluster, teams)
-        self.quota = QuotaLedger(teams)
+        self.quota = QuotaLedger(teams, model_gpus(cluster))
         self.running: dict[str, Running] = {}
         self.running_priorities: dict[str, Counter] = {t: Counter() for t in teams}
         self.running_by_start = SortedKeyList(key=_started)  # for the preemption victim pool

@@ -97,38 +97,52 @@ def test_a_team_stays_within_its_models_ceiling_and_goes_to_another_model() -> N
     assert admitted(w.cycle(10)) == ["h3"]
 
 
-def test_a_team_with_only_gpus_uses_any_model_and_lending_is_per_model() -> None:
+def test_what_a_team_does_not_lend_of_a_model_no_other_team_can_take() -> None:
+    """Once a team declares a model, every team's use of it counts: the others borrow it from
+    the model's pool (what the declaring teams lend, and what no nominal claims)."""
     teams = _teams(
         {"name": "a", "nominal": {"gpus": 6, "gpus.H100": 4}, "lending_limit": {"gpus.H100": 1}},
         {"name": "b", "nominal": {"gpus": 6, "gpus.H100": 0}},
         {"name": "c", "nominal": {"gpus": 0}},
     )
     w = World(CLUSTER, teams)
-    w.submit(job("b1", "b", gpus=2, gpu_models=("H100",)))
-    w.submit(job("c1", "c", gpus=2, gpu_models=("H100",)), at=1)
-    result = w.cycle(1)
-    # b declares H100 (nominal 0): it may borrow only what a lends of them (1 GPU). c declares
-    # no model: within its (borrowed) total it may use any.
-    assert admitted(result) == ["c1"]
+    # The 4 H100s are all a's nominal; it lends 1: the pool holds 1 H100.
+    w.submit(job("b1", "b", gpus=2, gpu_models=("H100",)), job("c1", "c", gpus=1))
+    result = w.cycle(0)
+    assert admitted(result) == ["c1"] and _models(w, "c1") == {"H100"}  # c has no key: any model
     assert result.pending["b1"].resource == "gpus.H100"
     assert "cohort has no idle gpus.H100 left to lend to team b" in result.pending["b1"].message
-    w.submit(job("b2", "b", gpus=1, gpu_models=("H100",)), at=2)
-    assert admitted(w.cycle(2)) == ["b2"]  # the one H100 a lends
+    w.submit(job("c2", "c", gpus=1, gpu_models=("H100",)), at=1)
+    r = w.cycle(1)
+    assert r.pending["c2"].resource == "gpus.H100"  # the one H100 lent is taken
+    # a's 3 H100s it does not lend are its own, whoever else wants H100s.
+    w.submit(*(job(f"a{i}", "a", gpus=1, gpu_models=("H100",)) for i in range(3)), at=2)
+    assert sorted(admitted(w.cycle(2))) == ["a0", "a1", "a2"]
 
 
 def test_jobs_that_their_models_quotas_can_never_hold_are_rejected_at_submission() -> None:
+    # a keeps its 2 H100s and all 8 A100s (lends none); b keeps 1 H100. The pools: H100s no
+    # nominal claims (1), A100s none.
     teams = _teams(
-        {"name": "a", "nominal": {"gpus": 12, "gpus.H100": 2, "gpus.A100": 2}},
+        {
+            "name": "a",
+            "nominal": {"gpus": 12, "gpus.H100": 2, "gpus.A100": 8},
+            "lending_limit": {"gpus.H100": 0, "gpus.A100": 0},
+        },
         {"name": "b", "nominal": {"gpus": 4, "gpus.H100": 1}, "lending_limit": {"gpus.H100": 0}},
     )
-    r = check_job(job("big", gpus=4), CLUSTER, teams)
+    r = check_job(job("b3", "b", gpus=3), CLUSTER, teams)  # H100s: 1 + 1; A100s: none
     assert r is not None and r.field == "gpu_model"
-    assert "gpus.H100" in r.message and "gpus.A100" in r.message
-    # 3 H100s: a's 2 and b's (b lends none) are not enough; 2 fit, so the request is fine.
-    assert check_job(job("three", gpus=3, gpu_models=("H100",)), CLUSTER, teams) is not None
-    assert check_job(job("two", gpus=2, gpu_models=("H100",)), CLUSTER, teams) is None
-    # b's A100s: b declares no A100 key, so its 4 GPUs may all be A100s.
-    assert check_job(job("b-a100", "b", gpus=4, gpu_models=("A100",)), CLUSTER, teams) is None
+    assert "at most 0 of gpus.A100, 2 of gpus.H100" in r.message  # the cluster's order
+    assert check_job(job("b2", "b", gpus=2), CLUSTER, teams) is None  # 1 H100 + the free one
+    h4 = check_job(job("a-h4", "a", gpus=4, gpu_models=("H100",)), CLUSTER, teams)
+    assert h4 is not None and "3 of gpus.H100" in h4.message
+    assert check_job(job("a-any4", "a", gpus=4), CLUSTER, teams) is None  # on A100s
+    # A non-preemptible job may not borrow: b has no A100 of its own.
+    stuck = check_job(
+        job("b-np", "b", gpus=1, gpu_models=("A100",), preemptible=False), CLUSTER, teams
+    )
+    assert stuck is not None and stuck.field == "gpu_model"
 
 
 TEAMS = [

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -18,10 +18,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from scheduling.admission import model_reach
+from scheduling.cluster import Cluster
 from scheduling.config import ConfigError, check_team_models, load_cluster, load_teams
+from scheduling.models import model_gpus
 from scheduling.policy import UnknownPolicyError
 from scheduling.policy_file import load_policy
-from scheduling.quota import Team
+from scheduling.quota import Team, model_quotas
 from scheduling.resources import UNLIMITED
 from scheduling.simulator.baselines import POLICIES, get_policy
 from scheduling.simulator.trace import TraceFormatError, load_trace
@@ -97,26 +99,30 @@ def check(
         )
     for t in tm.values():
         typer.echo(f"team {t.name}: nominal {t.nominal.as_units()} weight {t.weight:g}")
-        for line in explain_models(t, tm, cl.models):
+        for line in explain_models(t, tm, cl):
             typer.echo(f"  {line}")
 
 
-def explain_models(team: Team, teams: Mapping[str, Team], models: Sequence[str]) -> list[str]:
-    """What a team's `gpus.<MODEL>` keys mean, one line per model it declares, then the
-    cluster's `models` it may use within its `gpus` alone."""
-    if not team.models:
+def explain_models(team: Team, teams: Mapping[str, Team], cluster: Cluster) -> list[str]:
+    """What the per-model quotas mean for a team, one line per governed model (one that some
+    team declares a `gpus.<MODEL>` key for), then the models it uses within its `gpus` alone."""
+    reach = model_reach(team, teams, cluster, preemptible=True)
+    if not reach:
         return []
-    reach = model_reach(team, teams, preemptible=True)
+    own = {q.model for q in team.models}
+    per_team, _ = model_quotas(teams, model_gpus(cluster))
     lines = []
-    for q in team.models:
+    for m, q in per_team[team.name].items():
+        most = f"may hold up to {reach[m] / 1000:g} (with what the model's pool holds)"
+        if m not in own:
+            lines.append(f"gpus.{m}: no key of its own: borrows it from the pool; {most}")
+            continue
         borrow = "no limit" if q.borrowing_limit >= UNLIMITED else f"{q.borrowing_limit / 1000:g}"
         lines.append(
-            f"gpus.{q.model}: nominal {q.nominal / 1000:g}, borrowing_limit {borrow}, lends "
-            f"{q.lends / 1000:g}: guaranteed {q.guaranteed / 1000:g}, may hold up to "
-            f"{reach[q.model] / 1000:g} (with what the teams that declare {q.model} lend)"
+            f"gpus.{m}: nominal {q.nominal / 1000:g}, borrowing_limit {borrow}, lends "
+            f"{q.lends / 1000:g}: guaranteed {q.guaranteed / 1000:g}, {most}"
         )
-    declared = {q.model for q in team.models}
-    free = [m for m in models if m not in declared]
+    free = [m for m in cluster.models if m not in reach]
     if free:
         lines.append(f"{', '.join(free)}: no per-model limit, within its gpus")
     return lines

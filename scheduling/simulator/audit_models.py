@@ -1,6 +1,7 @@
-"""The audit's per-model quota rule: no team above a `gpus.<MODEL>` key's nominal + borrowing
-limit, no non-preemptible job above its team's nominal of that model, and no model's lending
-pool lending more than the teams that declare it lend (`quota.ModelQuota`).
+"""The audit's per-model quota rule: no team above its nominal + borrowing limit of a governed
+model (one some team declares a `gpus.<MODEL>` key for; a team without a key has a nominal of
+0), no non-preemptible job above its team's nominal of it, and no model's pool lending more
+than it holds (what the declaring teams lend and what no nominal claims: `quota.model_quotas`).
 
 A mixin of the audit's replay (`audit._Auditor`), as `audit_rules.RuleChecks` is: the replay
 calls `charge_models` when a gang starts (admit) and when a running gang stops. Held partial
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from scheduling.cluster import Cluster
-from scheduling.quota import ModelQuota, Team
+from scheduling.quota import ModelQuota, Team, model_quotas
 from scheduling.resources import GPU_UNIT
 from scheduling.simulator.trace import TraceJob
 
@@ -30,15 +31,14 @@ class ModelQuotaChecks:
     def flag(self, job: str, rule: str, message: str) -> None: ...
 
     def init_models(self, enforced: bool) -> None:
-        self.model_quotas: dict[str, dict[str, ModelQuota]] = {
-            n: {q.model: q for q in t.models} for n, t in self.teams.items() if t.models
-        }
+        # Every team's quota of each governed model, and the models' pools: what the quotas
+        # say (`quota.model_quotas`); the usage is rebuilt here from the log alone.
+        gpus = {m: GPU_UNIT * sum(self.cluster.nodes[i].gpus for i in nodes)
+                for m, nodes in self.cluster.model_nodes.items()}  # fmt: skip
+        self.model_quotas: dict[str, dict[str, ModelQuota]]
+        self.model_quotas, self.model_pool = model_quotas(self.teams, gpus)
         self.models_enforced = enforced and bool(self.model_quotas)
         self.model_usage: dict[tuple[str, str], int] = {}
-        self.model_pool: dict[str, int] = {}  # model -> what the declaring teams lend in all
-        for quotas in self.model_quotas.values():
-            for q in quotas.values():
-                self.model_pool[q.model] = self.model_pool.get(q.model, 0) + q.lends
 
     def charge_models(self, job: TraceJob, reps: Iterable[Rep], sign: int) -> None:
         quotas = self.model_quotas.get(job.team)

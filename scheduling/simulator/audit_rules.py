@@ -244,19 +244,15 @@ class RuleChecks:
             if demand.first_excess(reach):
                 return
         accepted = job.gpu_models or tuple({n.gpu_model: 0 for n in self.cluster.nodes})
-        if self.policy.quotas and self.teams[job.team].models:
+        quotas = self.model_quotas.get(job.team)
+        if self.policy.quotas and quotas:
             # Per-model keys: a gang runs on one model (all of it counts there), within the
-            # team's ceiling of that model and the guaranteed part plus what the teams that
-            # declare the model lend.
-            lent: dict[str, int] = {}
-            for t in self.teams.values():
-                for q in t.models:
-                    lent[q.model] = lent.get(q.model, 0) + q.lends
+            # team's ceiling of that model and its guaranteed part plus the model's pool.
             reach_of = {
-                q.model: min(
-                    q.ceiling if job.preemptible else q.nominal, q.guaranteed + lent[q.model]
+                m: min(
+                    q.ceiling if job.preemptible else q.nominal, q.guaranteed + self.model_pool[m]
                 )
-                for q in self.teams[job.team].models
+                for m, q in quotas.items()
             }
             accepted = tuple(m for m in accepted if m not in reach_of or reach_of[m] >= demand.gpu)
             if not accepted:
