@@ -32,7 +32,7 @@ from berth.store import (
 from berth.store.database import StaleSchemaError
 from berth.store.mirror import Mirror
 from berth.store.rebuild import live_rows
-from scheduling.config import parse_cluster
+from scheduling.config import parse_cluster, parse_teams
 from scheduling.policy import BERTH, UnknownPolicyError
 from scheduling.simulator.baselines import KUEUE_TAS, QUOTA_SPREAD
 
@@ -275,6 +275,37 @@ def test_a_job_runs_on_the_gpu_model_it_asks_for_and_a_gang_on_one(store_url: st
         assert s.schedule(now=1).admitted == ("h", "mixed")
         assert {r.node for r in s.status("h").placement} == {"h0"}
         assert {r.node for r in s.status("mixed").placement} == {"a0", "h0"}
+    finally:
+        s.close()
+
+
+def test_a_job_waits_on_its_teams_model_key_and_the_reason_names_it(store_url: str) -> None:
+    """Per-model quotas through the store: the reason's resource is the key, however long
+    the model's name (GPU feature discovery's product names run to 40 characters and more)."""
+    long = "NVIDIA-H100-80GB-HBM3-NVL-with-a-very-long-name"
+    cl = parse_cluster({"nodes": [
+        {"name": "a0", "gpus": 4, "gpu_model": "A100", "cpus": 32, "memory_gb": 256},
+        {"name": "h0", "gpus": 4, "gpu_model": long, "cpus": 32, "memory_gb": 256},
+    ]})  # fmt: skip
+    teams = parse_teams(
+        [
+            {"name": "a", "nominal": {"gpus": 8, f"gpus.{long}": 1},
+             "lending_limit": {f"gpus.{long}": 0}},
+            {"name": "b", "nominal": {"gpus": 8, f"gpus.{long}": 3},
+             "lending_limit": {f"gpus.{long}": 0}},
+        ]
+    )  # fmt: skip
+    s = Store(store_url, cl, teams, FAST)
+    try:
+        s.submit(spec("h1", team="a", gpus=1, gpu_model=long), job_id="h1", now=0)
+        s.submit(spec("h2", team="a", gpus=1, gpu_model=long), job_id="h2", now=0)
+        assert s.schedule(now=1).admitted == ("h1",)
+        waiting = s.status("h2")
+        assert waiting.reason_code == "quota" and waiting.reason_resource == f"gpus.{long}"
+        # b keeps its 3 (lends none): nothing of the model is left to lend to a.
+        assert (
+            waiting.reason_message == f"the cohort has no idle gpus.{long} left to lend to team a"
+        )
     finally:
         s.close()
 
@@ -637,4 +668,13 @@ def test_a_database_made_by_an_older_berth_is_named_with_the_fix(tmp_path: Path)
         db.execute("ALTER TABLE jobs DROP COLUMN time_limit_s")
     stale = r"'jobs' lacks column\(s\) time_limit_s.*new database"
     with pytest.raises(StaleSchemaError, match=stale):
+        Store(url, CLUSTER, TEAMS)
+    # A column narrower than this version writes (reasons held 32 characters before models).
+    url = f"sqlite:///{tmp_path}/narrow.db"
+    Store(url, CLUSTER, TEAMS).close()
+    with sqlite3.connect(tmp_path / "narrow.db") as db:
+        db.execute("ALTER TABLE jobs DROP COLUMN reason_resource")
+        db.execute("ALTER TABLE jobs ADD COLUMN reason_resource VARCHAR(32)")
+    narrow = r"'jobs' has column\(s\) too narrow: reason_resource \(32 < 255 characters\)"
+    with pytest.raises(StaleSchemaError, match=narrow):
         Store(url, CLUSTER, TEAMS)

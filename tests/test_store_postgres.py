@@ -24,6 +24,7 @@ from test_store import (  # noqa: F401 (collected again, on PostgreSQL)
     test_a_job_placed_where_a_victim_still_stops_waits_for_it_too,
     test_a_job_that_can_never_run_is_refused_and_nothing_is_written,
     test_a_job_that_fits_the_quota_but_not_the_free_gpus_waits_for_placement,
+    test_a_job_waits_on_its_teams_model_key_and_the_reason_names_it,
     test_a_preempting_job_silent_past_the_lease_counts_as_stopped,
     test_a_queued_job_of_a_removed_team_is_rejected_by_the_next_cycle,
     test_admits_on_free_gpus_and_explains_who_waits,

@@ -167,13 +167,25 @@ def _check_columns(conn: Connection) -> None:
     so at once, with the fix."""
     found = inspect(conn)
     for table in metadata.sorted_tables:
-        have = {c["name"] for c in found.get_columns(table.name)}
+        have = {c["name"]: c["type"] for c in found.get_columns(table.name)}
         missing = [c.name for c in table.columns if c.name not in have]
-        if missing:
+        # A text column made narrower than this version writes (PostgreSQL refuses what
+        # does not fit, at the first such write).
+        narrow = [
+            f"{c.name} ({have[c.name].length} < {c.type.length} characters)"
+            for c in table.columns
+            if c.name in have
+            and getattr(c.type, "length", None)
+            and getattr(have[c.name], "length", None)
+            and have[c.name].length < c.type.length
+        ]
+        if missing or narrow:
+            lacks = f"lacks column(s) {', '.join(missing)}" if missing else ""
+            short = f"has column(s) too narrow: {', '.join(narrow)}" if narrow else ""
             raise StaleSchemaError(
                 f"store database {conn.engine.url.render_as_string(hide_password=True)}: table "
-                f"{table.name!r} lacks column(s) {', '.join(missing)}, which this version of "
-                "Berth writes; it was made by an older version and there are no migrations yet. "
-                "Point BERTH_STORE_URL (or BERTH_HOME) at a new database, or drain this one "
-                "and remove it"
+                f"{table.name!r} {' and '.join(x for x in (lacks, short) if x)}, which this "
+                "version of Berth writes; it was made by an older version and there are no "
+                "migrations yet. Point BERTH_STORE_URL (or BERTH_HOME) at a new database, or "
+                "drain this one and remove it"
             )

@@ -110,7 +110,7 @@ jobs = Table(
     Column("reason_code", String(32)),
     Column("reason_message", Text),
     Column("reason_level", String(32)),
-    Column("reason_resource", String(32)),
+    Column("reason_resource", String(255)),  # "gpus", or "gpus.<MODEL>": a model's name
     Column("labels", Json, nullable=False, default=dict),
     Column("outcome", String(16)),  # of the last attempt
     Column("message", Text),
