@@ -43,6 +43,7 @@ from scheduling.decisions import (
     Status,
 )
 from scheduling.jobs import Job, Pending, Placement, Running
+from scheduling.model_reclaim import plan_model_reclaim, reclaimable_model
 from scheduling.models import gpus_by_model
 from scheduling.ordering import Candidates
 from scheduling.policy import Policy
@@ -252,9 +253,9 @@ class Cycle:
             problem = self.quota.check(job.team, job.demand, job.preemptible)
             if problem is None and self.model_quotas:
                 problem = self._model_problem(job)
-                if problem is not None:  # victims' models are not weighed yet: no search
+                if problem is not None:
                     reason = reasons.quota(job.team, problem.resource, problem.limit)
-                    return Status.BLOCKED, reason
+                    return self._reclaim_model(pending, candidates, reason)
         if problem is None:
             reason = self.policy.gangs.bind(self, job)
             if reason is None:
@@ -364,16 +365,8 @@ class Cycle:
             return None
         if not known_to_fail:  # one known to fail is not run at all in FAST: it costs nothing
             self.searches[budget] = tried + 1
-        if self.victim_pool is None:
-            self.victim_pool = VictimPool(
-                self.snap,
-                self.policy.min_runtime_s,
-                self.policy.max_preemptions,
-                self.policy.max_victim_runtime_s,
-                self.policy.checkpoint_aware,
-            )
         plan = plan_preemption(
-            self.victim_pool,
+            self._victim_pool(),
             self.cap,
             self.quota,
             job,
@@ -387,10 +380,22 @@ class Cycle:
         )
         if plan is None:
             self.no_plan.setdefault(key, []).append((job.gpu, job.cpu, job.mem, guarded))
-            self.next_victim = self.victim_pool.next_eligible(self.cap, self.quota, job.team)
+            self.next_victim = self._victim_pool().next_eligible(self.cap, self.quota, job.team)
             if self.next_victim is not None:  # more victims may be allowed then
                 self.wake(self.next_victim.start_time + self.policy.min_runtime_s)
         return plan
+
+    def _victim_pool(self) -> VictimPool:
+        """The cycle's victims (made on the first preemption attempt)."""
+        if self.victim_pool is None:
+            self.victim_pool = VictimPool(
+                self.snap,
+                self.policy.min_runtime_s,
+                self.policy.max_preemptions,
+                self.policy.max_victim_runtime_s,
+                self.policy.checkpoint_aware,
+            )
+        return self.victim_pool
 
     def place_or_explain(self, job: Job) -> PendingReason | None:
         """Admit if a placement exists now; else why not. Placement failures do not depend on
@@ -555,6 +560,46 @@ class Cycle:
             if problem is not None:
                 return problem
         return None
+
+    def _reclaim_model(
+        self, pending: Pending, candidates: Candidates, reason: PendingReason
+    ) -> tuple[Status, PendingReason | None]:
+        """A job that waits on a model's key: within its team's nominal of a model that
+        another team borrows, it may take it back (scheduling/model_reclaim.py), after its
+        preemption delay, within the guards until its reclaim deadline."""
+        job = pending.job
+        model = (
+            reclaimable_model(self.quota, self.snap.cluster, job)
+            if self.policy.preemption
+            else None
+        )
+        if model is None:
+            return Status.BLOCKED, reason
+        allowed_at = pending.since + self.policy.preemption_delay_s
+        if allowed_at > self.now:
+            self.wake(allowed_at)
+            return Status.NEEDS_PREEMPTION, reason
+        unguarded_at = pending.since + self.policy.reclaim_deadline_s
+        guarded = unguarded_at > self.now
+        if guarded:
+            self.wake(unguarded_at)
+        plan = plan_model_reclaim(
+            self._victim_pool(),
+            self.cap,
+            self.quota,
+            job,
+            model,
+            place=self.policy.placement,
+            guarded=guarded,
+            excluded=self.victims,
+            spared_above=self.admitted_floor,
+            keep_nominal=self.policy.victim_keeps_nominal,
+            max_candidates=self.policy.max_preemption_candidates,
+        )
+        if plan is None:
+            return Status.NEEDS_PREEMPTION, reason
+        self._admit_with_preemption(job, plan, candidates)
+        return Status.PREEMPTS, None
 
     def _within_model_quotas(self, job: Job) -> Job:
         """The job narrowed to the models its team's quotas leave room on (itself if none

@@ -214,3 +214,48 @@ def test_berth_check_explains_the_model_keys_and_refuses_an_unknown_model(tmp_pa
     teams.write_text("teams:\n  - name: vision\n    nominal: {gpus: 8, gpus.H200: 4}\n")
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "gpus.H200" in res.output and "A100, H100" in res.output
+
+
+# a's nominal holds all 4 H100s, lent out by default; b declares no H100 key: it borrows them.
+LENDER = [
+    {"name": "a", "nominal": {"gpus": 6, "gpus.H100": 4}},
+    {"name": "b", "nominal": {"gpus": 6}},
+]
+
+
+def test_a_team_reclaims_the_model_it_lent_from_a_team_within_its_total_nominal() -> None:
+    """b runs 4 one-GPU jobs on the H100s, within its total nominal (6) but borrowing every
+    H100 from a's nominal. a's 2-GPU H100 job may take 2 of them back after its preemption
+    delay, though b borrows nothing in total (reclaim of the totals would not touch b)."""
+    w = World(CLUSTER, _teams(*LENDER))
+    w.submit(*(job(f"b{i}", "b", gpus=1, gpu_models=("H100",)) for i in range(4)))
+    assert len(admitted(w.cycle(0))) == 4
+    w.submit(job("a-h", "a", gpus=2, gpu_models=("H100",)), at=10)
+    early = w.cycle(10)
+    assert not early.admitted and not early.preempted
+    assert early.pending["a-h"].resource == "gpus.H100"
+    assert early.next_wakeup == 10 + w.policy.preemption_delay_s
+    result = w.cycle(early.next_wakeup)
+    assert admitted(result) == ["a-h"] and _models(w, "a-h") == {"H100"}
+    assert len(result.preempted) == 2 and {p.by for p in result.preempted} == {"a-h"}
+    # Not past a's nominal of H100s: a third job of a's waits for b's next finish.
+    assert w.state.quota.model_usage[("a", "H100")] == 2000
+
+
+@pytest.mark.parametrize("policy", ["berth", "kueue-tas"])
+def test_a_replayed_model_reclaim_passes_the_audit_and_one_without_a_claim_does_not(
+    policy: str,
+) -> None:
+    teams = parse_teams(LENDER)
+    trace = [TraceJob(f"b{i}", 0.0, "b", 1, 1.0, 5000.0, gpu_model="H100") for i in range(4)]
+    trace.append(TraceJob("a-h", 10.0, "a", 1, 2.0, 100.0, gpu_model="H100"))
+    jobs = {j.job_id: j for j in trace}
+    events = simulate(CLUSTER, teams, trace, POLICIES[policy]).events
+    audit_or_raise(events, CLUSTER, teams, POLICIES[policy], jobs)
+    preempted = [e for e in events if e["type"] == "preempt"]
+    assert len(preempted) == 2 and {e["by"] for e in preempted} == {"a-h"}
+    # The same log, read with a holding no H100 nominal: those preemptions took b's GPUs
+    # below b's nominal for no claim of a's.
+    unclaimed = parse_teams([LENDER[0] | {"nominal": {"gpus": 6}}, LENDER[1]])
+    found = audit(events, CLUSTER, unclaimed, POLICIES[policy], jobs)
+    assert found and {v.rule for v in found} == {"preemption"}

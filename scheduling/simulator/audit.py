@@ -205,6 +205,8 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
             return
         if kind in _CYCLE and self.base is None:
             self.base = {team: u.gpu for team, u in self.usage.items()}
+            self.model_base = dict(self.model_usage)
+        held = self.alloc.get(job_id, [])  # what a release gives back
         self.instant.cycle = True  # a finish, or a decision: the engine ran a cycle
         if kind in _TAKES:
             delta = self.place(ev, job, state)
@@ -225,6 +227,8 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
             delta = -gang_gpus(job)
         if kind in _CYCLE:
             self.cycle.append((kind, job, str(ev.get("by")), delta))
+            reps = self.alloc.get(job_id, []) if kind in _TAKES else held
+            self.cycle_models[kind, job_id] = self.models_of(reps)
             self.taking = kind in _TAKES
 
     # -- admit, hold, release ----------------------------------------------------------------

@@ -39,16 +39,50 @@ class ModelQuotaChecks:
         self.model_quotas, self.model_pool = model_quotas(self.teams, gpus)
         self.models_enforced = enforced and bool(self.model_quotas)
         self.model_usage: dict[tuple[str, str], int] = {}
+        # The current cycle: per-model usage before it, and each decision's GPUs per model.
+        self.model_base: dict[tuple[str, str], int] = {}
+        self.cycle_models: dict[tuple[str, str], dict[str, int]] = {}
+
+    def models_of(self, reps: Iterable[Rep]) -> dict[str, int]:
+        """GPUs (milli) per model of some replicas."""
+        by_model: dict[str, int] = {}
+        for node, gpus, share in reps:
+            model = self.cluster.nodes[node].gpu_model
+            by_model[model] = by_model.get(model, 0) + (share or GPU_UNIT * len(gpus))
+        return by_model
+
+    def model_reclaim(
+        self, job: TraceJob, victims: list[TraceJob], usage: Mapping[tuple[str, str], int]
+    ) -> bool:
+        """Is this admission, with these victims of other teams, a reclaim of one model
+        (scheduling/model_reclaim.py)? The job on one governed model, within its team's nominal
+        of it; every victim on that model, of a team that borrowed it, none left below its
+        nominal of it where the policy keeps victims' nominal. `usage`: per (team, model)
+        before the admission, in decision order."""
+        usage = dict(usage)
+        placed = self.cycle_models.get(("admit", job.job_id), {})
+        quotas = self.model_quotas.get(job.team)
+        if len(placed) != 1 or not quotas:
+            return False
+        ((model, gpu),) = placed.items()
+        if model not in quotas:
+            return False
+        for v in victims:
+            got = self.cycle_models.get(("preempt", v.job_id), {}).get(model, 0)
+            q = self.model_quotas.get(v.team, {}).get(model)
+            before = usage.get((v.team, model), 0)
+            if not got or q is None or before <= q.nominal:
+                return False
+            usage[v.team, model] = before - got
+            if self.policy.victim_keeps_nominal and usage[v.team, model] < q.nominal:
+                return False
+        return usage.get((job.team, model), 0) + gpu <= quotas[model].nominal
 
     def charge_models(self, job: TraceJob, reps: Iterable[Rep], sign: int) -> None:
         quotas = self.model_quotas.get(job.team)
         if not quotas:
             return
-        by_model: dict[str, int] = {}
-        for node, gpus, share in reps:
-            model = self.cluster.nodes[node].gpu_model
-            by_model[model] = by_model.get(model, 0) + (share or GPU_UNIT * len(gpus))
-        for model, gpu in by_model.items():
+        for model, gpu in self.models_of(reps).items():
             q = quotas.get(model)
             if q is None:
                 continue

@@ -160,7 +160,9 @@ class RuleChecks:
         cycle's preemptions before its admissions, hiding the order the engine decided in.)"""
         base, cycle = self.base, self.cycle
         self.base, self.cycle, self.taking = None, [], False
+        models, self.model_base = dict(self.model_base), {}
         if base is None:
+            self.cycle_models = {}
             return
         victims: dict[str, list[TraceJob]] = {}
         for kind, job, by, delta in cycle:
@@ -173,19 +175,26 @@ class RuleChecks:
             if kind != "admit":
                 continue
             mine = victims.pop(job.job_id, [])
-            if not self.policy.victim_keeps_nominal:
+            others = [v for v in mine if v.team != job.team]
+            # A reclaim of one GPU model answers to the model's nominals, not the totals'.
+            by_model = bool(others) and self.model_reclaim(job, others, models)
+            if not self.policy.victim_keeps_nominal and not by_model:
                 self._check_borrowing(job.team, mine, base)
             for v in mine:
                 base[v.team] = base.get(v.team, 0) - gang_gpus(v)
+                for model, gpu in self.cycle_models.get(("preempt", v.job_id), {}).items():
+                    models[v.team, model] = models.get((v.team, model), 0) - gpu
             for v in mine:
                 nominal = self.teams[v.team].nominal.gpu if v.team in self.teams else 0
                 keeps = self.policy.victim_keeps_nominal
-                if keeps and v.team != job.team and base[v.team] < nominal:
+                if keeps and v.team != job.team and base[v.team] < nominal and not by_model:
                     left = base[v.team] / GPU_UNIT
                     self.flag(v.job_id, "preemption", f"team {v.team} left with {left:g} GPUs")
             base[job.team] = base.get(job.team, 0) + delta
+            for model, gpu in self.cycle_models.get(("admit", job.job_id), {}).items():
+                models[job.team, model] = models.get((job.team, model), 0) + gpu
             own = self.teams[job.team].nominal.gpu if job.team in self.teams else 0
-            if any(v.team != job.team for v in mine) and base[job.team] > own:
+            if others and base[job.team] > own and not by_model:
                 held = base[job.team] / GPU_UNIT
                 self.flag(
                     job.job_id,
@@ -204,6 +213,7 @@ class RuleChecks:
         for by, vs in victims.items():
             for v in vs:
                 self.flag(v.job_id, "preemption", f"preemptor {by} was not admitted with it")
+        self.cycle_models = {}
 
     def check_rejection(self, job: TraceJob) -> None:
         """A rejection must be right: the job fits no domain of its level on the empty cluster,
