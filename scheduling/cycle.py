@@ -43,7 +43,7 @@ from scheduling.decisions import (
     Status,
 )
 from scheduling.jobs import Job, Pending, Placement, Running
-from scheduling.model_reclaim import plan_model_reclaim, reclaimable_model
+from scheduling.model_reclaim import next_victim_at, plan_model_reclaim, reclaimable_model
 from scheduling.models import gpus_by_model
 from scheduling.ordering import Candidates
 from scheduling.policy import Policy
@@ -597,6 +597,9 @@ class Cycle:
             max_candidates=self.policy.max_preemption_candidates,
         )
         if plan is None:
+            later = next_victim_at(self._victim_pool(), self.quota, job, model)
+            if later is not None:
+                self.wake(later)
             return Status.NEEDS_PREEMPTION, reason
         self._admit_with_preemption(job, plan, candidates)
         return Status.PREEMPTS, None

@@ -143,3 +143,19 @@ def _room(
     for v in victims:
         room.give_placement(v.placement, v.job.cpu, v.job.mem)
     return place(room, job)
+
+
+def next_victim_at(pool: VictimPool, quota: QuotaLedger, job: Job, model: str) -> float | None:
+    """After a failed search: when the first job on `model` of a team that borrows it passes
+    its minimum run time (then more victims may be allowed), or None."""
+    cluster = pool.snapshot.cluster
+    for r in pool.upcoming:  # in start order
+        team = r.job.team
+        if team == job.team or not r.job.preemptible:
+            continue
+        nominal = quota.declared_models(team)[model].nominal
+        if quota.model_usage.get((team, model), 0) <= nominal:
+            continue
+        if gpus_by_model(cluster, r.placement.replicas).get(model):
+            return r.start_time + pool.min_runtime_s
+    return None

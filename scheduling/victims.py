@@ -119,6 +119,10 @@ class VictimPool:
     def now(self) -> float:
         return self._snap.now
 
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._snap
+
     def victims(self, team: str) -> list[Running]:
         """The team's victims within the guards, cheapest losses first.
 

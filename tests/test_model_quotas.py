@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from builders import World, admitted, job
+from builders import World, admitted, job, policy
 from typer.testing import CliRunner
 
 from berth.cli import app
@@ -259,3 +259,14 @@ def test_a_replayed_model_reclaim_passes_the_audit_and_one_without_a_claim_does_
     unclaimed = parse_teams([LENDER[0] | {"nominal": {"gpus": 6}}, LENDER[1]])
     found = audit(events, CLUSTER, unclaimed, POLICIES[policy], jobs)
     assert found and {v.rule for v in found} == {"preemption"}
+
+
+def test_a_model_reclaim_that_waits_for_victims_to_come_of_age_wakes_then() -> None:
+    w = World(CLUSTER, _teams(*LENDER), policy(min_runtime_s=300.0, preemption_delay_s=0.0))
+    w.submit(*(job(f"b{i}", "b", gpus=1, gpu_models=("H100",)) for i in range(4)))
+    w.cycle(0)
+    w.submit(job("a-h", "a", gpus=1, gpu_models=("H100",)), at=10)
+    young = w.cycle(10)
+    assert not young.preempted and young.next_wakeup == 300.0  # b's jobs are too young
+    result = w.cycle(300.0)
+    assert admitted(result) == ["a-h"] and len(result.preempted) == 1
