@@ -270,3 +270,18 @@ def test_a_model_reclaim_that_waits_for_victims_to_come_of_age_wakes_then() -> N
     assert not young.preempted and young.next_wakeup == 300.0  # b's jobs are too young
     result = w.cycle(300.0)
     assert admitted(result) == ["a-h"] and len(result.preempted) == 1
+
+
+@pytest.mark.parametrize("beyond", [True, False])
+def test_a_job_bigger_than_its_teams_nominal_reclaims_a_model_only_where_the_policy_allows(
+    beyond: bool,
+) -> None:
+    teams = _teams({"name": "a", "nominal": {"gpus": 1, "gpus.H100": 4}}, LENDER[1])
+    pol = policy(preempts_beyond_nominal=beyond, preemption_delay_s=0.0)
+    w = World(CLUSTER, teams, pol)
+    w.submit(*(job(f"b{i}", "b", gpus=1, gpu_models=("H100",)) for i in range(4)))
+    w.cycle(0)
+    w.submit(job("a-h", "a", gpus=2, gpu_models=("H100",)), at=10)
+    result = w.cycle(10)
+    assert (admitted(result) == ["a-h"]) is beyond
+    assert len(result.preempted) == (2 if beyond else 0)
