@@ -5,6 +5,7 @@ Errors name the file, the field and the fix; `ConfigError` carries them all at o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -118,7 +119,11 @@ class QuotaMap(BaseModel):
                     f"unknown key {key!r}: use gpus, cpus, memory_gb, or gpus.<MODEL> for one "
                     "GPU model's quota (e.g. gpus.H100: 8)"
                 )
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 <= value < math.inf
+            ):
                 raise ValueError(f"{key}: {value!r} is not a number of GPUs >= 0")
         return self
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class ModelQuota:
     """A team's quota of one GPU model (`gpus.<MODEL>` keys), in milli-GPUs: enforced beside
-    the model-agnostic quota, with a lending pool per model among the teams that declare it."""
+    the model-agnostic quota, with a lending pool per model (`model_quotas`)."""
 
     model: str
     nominal: int
@@ -213,8 +213,8 @@ class QuotaLedger:
         new.borrowers = set(self.borrowers)
         new._models = self._models
         new.model_pool_capacity = self.model_pool_capacity
-        # Copied only where some team declares a model (else never written: `add_models`
-        # leaves undeclared teams alone).
+        # Copied only where some team declares a model (else never written: with no governed
+        # model, `add_models` has nothing to count).
         new.model_usage = dict(self.model_usage) if self._models else self.model_usage
         new.model_pool_used = dict(self.model_pool_used) if self._models else self.model_pool_used
         return new

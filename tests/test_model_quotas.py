@@ -59,6 +59,7 @@ def test_keys_are_read_per_model_and_mistakes_name_the_key_and_the_fix() -> None
         ({"gpus": 4, "gpus.": 1}, "gpus.<MODEL>"),
         ({"gpus": 4, "gpus.H100": -1}, "not a number of GPUs >= 0"),
         ({"gpus": 4, "gpus.H100": "many"}, "not a number of GPUs >= 0"),
+        ({"gpus": 4, "gpus.H100": float("inf")}, "not a number of GPUs >= 0"),
     ]
     for nominal, words in bad:
         with pytest.raises(ConfigError, match=r"teams\.0\.nominal") as e:
