@@ -144,7 +144,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--window-jobs", type=int, default=6000, help="jobs per window (6000)")
     p.add_argument("--window-index", default=None, help="run only these windows (e.g. 1,3)")
     p.add_argument("--history-days", type=float, default=HISTORY_S / 86_400, help="(30)")
-    p.add_argument("--families", default=",".join(FAMILIES), help="(all)")
+    p.add_argument(
+        "--families",
+        default=",".join(name for name, f in FAMILIES.items() if f.default),
+        help=f"(all but {', '.join(n for n, f in FAMILIES.items() if not f.default)})",
+    )
     p.add_argument("--seeds", type=int, default=5, help="seeds per family, 0..N-1 (5)")
     p.add_argument("--family-jobs", type=int, default=2000, help="jobs per synthetic case")
     p.add_argument("--jobs", type=int, default=2, help="parallel processes (2)")

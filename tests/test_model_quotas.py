@@ -17,6 +17,7 @@ from scheduling.simulator.audit import audit, audit_or_raise
 from scheduling.simulator.baselines import POLICIES
 from scheduling.simulator.sim import simulate
 from scheduling.simulator.trace import TraceJob
+from scheduling.simulator.workloads import build
 
 # Two nodes of A100s and one of H100s (faster: Berth's placer tries it first), 4 GPUs each.
 CLUSTER = parse_cluster(
@@ -286,3 +287,15 @@ def test_a_job_bigger_than_its_teams_nominal_reclaims_a_model_only_where_the_pol
     result = w.cycle(10)
     assert (admitted(result) == ["a-h"]) is beyond
     assert len(result.preempted) == (2 if beyond else 0)
+
+
+@pytest.mark.parametrize("policy", ["berth", "kueue-tas"])
+def test_the_models_quota_family_replays_within_every_key(policy: str) -> None:
+    """The quality benchmark's `models-quota` workload (three models, keys for two teams),
+    a short run of it, audited: every key kept, every reclaim of a model a reclaim."""
+    work = build("models-quota", 1, jobs=300)
+    result = simulate(work.cluster, work.teams, work.jobs, POLICIES[policy])
+    jobs = {j.job_id: j for j in work.jobs}
+    audit_or_raise(result.events, work.cluster, work.teams, POLICIES[policy], jobs)
+    models = {q.model for t in work.teams.values() for q in t.models}
+    assert models == {"H100", "A100"}

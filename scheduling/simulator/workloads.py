@@ -70,6 +70,7 @@ class Family:
     load: tuple[float, float]  # the offered load is drawn from this range per seed
     like: str | None = None  # the family whose seeds it shares: the same jobs, other limits
     limits: bool = False  # every job gives a time limit (`_time_limits`)
+    default: bool = True  # in the quality benchmark's default set (bench/quality.py)
 
     def build(self, seed: int, jobs: int = DEFAULT_JOBS) -> Workload:
         """The workload of `seed` with `jobs` jobs; the same seed gives the same workload."""
@@ -388,6 +389,26 @@ def _models(rng: np.random.Generator, n: int) -> _Spec:
     return _Spec(cluster, _teams(nominal), drafts)
 
 
+def _models_quota(rng: np.random.Generator, n: int) -> _Spec:
+    """The `models` family's cluster and jobs, with per-model quotas: llm bought half the
+    H100s and lends a third of them, vision half the A100s and lends half, speech a quarter of
+    the H100s (lent whole); rl declares none, so it borrows both from the pools."""
+    spec = _models(rng, n)
+    keys = {
+        "llm": ({"gpus.H100": 24}, {"gpus.H100": 8}),
+        "vision": ({"gpus.A100": 40}, {"gpus.A100": 20}),
+        "speech": ({"gpus.H100": 12}, None),
+    }
+    teams = []
+    for team in spec.teams:
+        nominal, lending = keys.get(team["name"], ({}, None))
+        team = {**team, "nominal": {**team["nominal"], **nominal}}
+        if lending is not None:
+            team["lending_limit"] = lending
+        teams.append(team)
+    return spec._replace(teams=teams)
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -414,6 +435,14 @@ FAMILIES: dict[str, Family] = {
             "three GPU models of other speeds, some jobs tied to some",
             _models,
             (0.9, 1.2),
+        ),
+        Family(
+            "models-quota",
+            "the models family's jobs under per-model quotas (gpus.<MODEL> keys)",
+            _models_quota,
+            (0.9, 1.2),
+            like="models",
+            default=False,  # run on its own: bench/results/quality-models-quota.*
         ),
     )
 }
