@@ -568,12 +568,9 @@ class Cycle:
         another team borrows, it may take it back (scheduling/model_reclaim.py), after its
         preemption delay, within the guards until its reclaim deadline."""
         job = pending.job
-        beyond = not self.policy.preempts_beyond_nominal and job.demand.first_excess(
-            self.quota.teams[job.team].nominal
-        )  # Kueue's rule, as for any preemption: a job bigger than its team's nominal never does
         model = (
             reclaimable_model(self.quota, self.snap.cluster, job)
-            if self.policy.preemption and not beyond
+            if self.policy.preemption
             else None
         )
         if model is None:

@@ -1,14 +1,15 @@
 """Reclaim per GPU model: a team takes back what it lent of a model's nominal.
 
 A governed model (one some team declares a `gpus.<MODEL>` key for, `quota.model_quotas`) is lent
-and borrowed through its own pool. A job that fits its team's nominal of a model, but that the
-model's pool has no room for because other teams borrow the model, may preempt their jobs on
-that model, as a job within its team's nominal GPUs reclaims borrowed GPUs (preemption.py):
-victims of teams that use more of the model than their nominal of it, the cheapest losses first
-(the lenders' guards, `VictimPool.reclaimable`), none that would take its team below its
-nominal of the model (`Policy.victim_keeps_nominal`; else its team need only be borrowing the
-model when it is taken). The plan holds when the job then fits its team's quotas, the total and
-the model's, and a placement on the model's nodes; victims it does not need are put back.
+and borrowed through its own pool. A job that fits its team's nominal of a model and its total
+nominal, but that the model's pool has no room for because other teams borrow the model, may
+preempt their jobs on that model, as a job within its team's nominal GPUs reclaims borrowed
+GPUs (preemption.py): victims of teams that use more of the model than their nominal of it, the
+cheapest losses first (the lenders' guards, `VictimPool.reclaimable`), none that would take its
+team below its nominal of the model (`Policy.victim_keeps_nominal`; else its team need only be
+borrowing the model when it is taken). The plan holds when the job then fits its team's quotas,
+the total and the model's, and a placement on the model's nodes; victims it does not need are
+put back.
 """
 
 from __future__ import annotations
@@ -30,7 +31,13 @@ _NO_FLOOR = 1 << 62
 
 def reclaimable_model(quota: QuotaLedger, cluster: Cluster, job: Job) -> str | None:
     """The first model the job accepts that its team's nominal of it has room for (all of the
-    job counted there) while another team uses more of it than its own nominal; None if none."""
+    job counted there) while another team uses more of it than its own nominal; None if none,
+    or if the job would take its team above its total nominal. A reclaim keeps both nominals:
+    a team borrowing in total that reclaimed a model from a team within its total would lose the
+    job to that team's reclaim of the totals, and so on for ever (found by the quality
+    benchmark's models-quota family under kueue-tas, which has no delay or guards)."""
+    if not quota.fits_nominal_with(job.team, job.demand):
+        return None
     declared = quota.declared_models(job.team)
     for model in job.gpu_models or cluster.models:
         q = declared.get(model)

@@ -177,7 +177,12 @@ class RuleChecks:
             mine = victims.pop(job.job_id, [])
             others = [v for v in mine if v.team != job.team]
             # A reclaim of one GPU model answers to the model's nominals, not the totals'.
-            by_model = bool(others) and self.model_reclaim(job, others, models)
+            own = self.teams[job.team].nominal.gpu if job.team in self.teams else 0
+            by_model = (
+                bool(others)
+                and base.get(job.team, 0) + delta <= own  # within its total nominal too
+                and self.model_reclaim(job, others, models)
+            )
             if not self.policy.victim_keeps_nominal and not by_model:
                 self._check_borrowing(job.team, mine, base)
             for v in mine:
@@ -193,7 +198,6 @@ class RuleChecks:
             base[job.team] = base.get(job.team, 0) + delta
             for model, gpu in self.cycle_models.get(("admit", job.job_id), {}).items():
                 models[job.team, model] = models.get((job.team, model), 0) + gpu
-            own = self.teams[job.team].nominal.gpu if job.team in self.teams else 0
             if others and base[job.team] > own and not by_model:
                 held = base[job.team] / GPU_UNIT
                 self.flag(
