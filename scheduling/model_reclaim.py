@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import NamedTuple
 
 from scheduling.capacity import Capacity
 from scheduling.cluster import Cluster
@@ -69,29 +70,28 @@ def plan_model_reclaim(
     """Victims on `model` and the placement on its nodes they make room for, or None. Does not
     change `cap` or `quota`. An unguarded search that fails runs again within the guards (the
     greedy prefix is not monotone in its candidates), as `preemption.plan_preemption` does."""
+    ask = _Ask(pool, cap, quota, job, model, place, excluded, spared_above, keep_nominal)
     for within_guards in (True,) if guarded else (False, True):
-        plan = _search(
-            pool, cap, quota, job, model, place, within_guards, excluded, spared_above,
-            keep_nominal, max_candidates,
-        )  # fmt: skip
+        plan = _search(ask, within_guards, max_candidates)
         if plan is not None:
             return plan
     return None
 
 
-def _search(
-    pool: VictimPool,
-    cap: Capacity,
-    quota: QuotaLedger,
-    job: Job,
-    model: str,
-    place: Placer,
-    guarded: bool,
-    excluded: set[str],
-    spared_above: Mapping[str, int],
-    keep_nominal: bool,
-    max_candidates: int,
-) -> PreemptionPlan | None:
+class _Ask(NamedTuple):
+    pool: VictimPool
+    cap: Capacity
+    quota: QuotaLedger
+    job: Job
+    model: str
+    place: Placer
+    excluded: set[str]
+    spared_above: Mapping[str, int]
+    keep_nominal: bool
+
+
+def _search(ask: _Ask, guarded: bool, max_candidates: int) -> PreemptionPlan | None:
+    pool, cap, quota, job, model, place, excluded, spared_above, keep_nominal = ask
     cluster = cap.cluster
     on_model = replace(job, gpu_models=(model,), mixed_models=False)
     candidates: list[tuple[Running, int]] = []
