@@ -27,11 +27,9 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import replace
 
 from scheduling import reasons
 from scheduling.backfill import Shadows, backfill_nodes
-from scheduling.capacity import Capacity
 from scheduling.cluster import CLUSTER
 from scheduling.decisions import (
     Admit,
@@ -43,6 +41,7 @@ from scheduling.decisions import (
     Status,
 )
 from scheduling.jobs import Job, Pending, Placement, Running
+from scheduling.model_quotas import ModelQuotaPlacer
 from scheduling.model_reclaim import next_victim_at, plan_model_reclaim, reclaimable_model
 from scheduling.models import gpus_by_model
 from scheduling.ordering import Candidates
@@ -115,8 +114,8 @@ class Cycle:
         self.model_quotas = (
             policy.quotas and snap.quota.has_models and not policy.gangs.holds_partial
         )
-        self._within: dict[tuple[str, tuple[str, ...]], Job] = {}
-        self.place = self._place_within_model_quotas if self.model_quotas else policy.placement
+        self.within_models = ModelQuotaPlacer(self.quota, snap.cluster, policy.placement)
+        self.place = self.within_models if self.model_quotas else policy.placement
         self.stopped_by: PendingReason | None = None
         self.suspended: set[str] = set()  # reservations whose holder is blocked by quota
         self.shadows = Shadows(snap)  # when each reservation's nodes drain (EASY backfill)
@@ -252,7 +251,7 @@ class Cycle:
         if self.policy.quotas:
             problem = self.quota.check(job.team, job.demand, job.preemptible)
             if problem is None and self.model_quotas:
-                problem = self._model_problem(job)
+                problem = self.within_models.problem(job)
                 if problem is not None:
                     reason = reasons.quota(job.team, problem.resource, problem.limit)
                     return self._reclaim_model(pending, candidates, reason)
@@ -404,7 +403,7 @@ class Cycle:
         opened = self._backfill(job)
         # replicas, gpu, cpu, mem, topology, GPU models (those its team's quotas leave it);
         # reserved nodes
-        models = self._models_within_quota(job) if self.model_quotas else None
+        models = self.within_models.models(job) if self.model_quotas else None
         key = (*job.shape[1:6], job.gpu_models, models, job.mixed_models, opened)
         if self.fast and not own_reservation and key in self.no_room:
             return self.no_room[key]
@@ -528,38 +527,13 @@ class Cycle:
             return
         taken = {i for r in reservations.values() for i in r.nodes}
         if self.model_quotas:
-            job = self._within_model_quotas(job)
+            job = self.within_models.narrowed(job)
         res = choose_reservation(self.cap, job, self.now, taken)
         if res is not None:
             reservations[job.id] = res
             self.cap.hide(res.nodes)
 
     # -- per-model quotas --------------------------------------------------------------------
-
-    def _models_within_quota(self, job: Job) -> tuple[str, ...] | None:
-        """The models the job accepts (in its order, else the cluster's) that its team's
-        per-model quotas leave room on for all of it now; None: its team declares none."""
-        declared = self.quota.declared_models(job.team)
-        if not declared:
-            return None
-        cluster = self.snap.cluster
-        return tuple(
-            m
-            for m in (job.gpu_models or cluster.models)
-            if m in cluster.model_nodes
-            and self.quota.model_problem(job.team, m, job.demand.gpu, job.preemptible) is None
-        )
-
-    def _model_problem(self, job: Job) -> QuotaProblem | None:
-        """Why no model the job accepts has room in its team's per-model quotas, or None."""
-        if self._models_within_quota(job) != ():
-            return None
-        cluster = self.snap.cluster
-        for m in job.gpu_models or cluster.models:
-            problem = self.quota.model_problem(job.team, m, job.demand.gpu, job.preemptible)
-            if problem is not None:
-                return problem
-        return None
 
     def _reclaim_model(
         self, pending: Pending, candidates: Candidates, reason: PendingReason
@@ -603,26 +577,6 @@ class Cycle:
             return Status.NEEDS_PREEMPTION, reason
         self._admit_with_preemption(job, plan, candidates)
         return Status.PREEMPTS, None
-
-    def _within_model_quotas(self, job: Job) -> Job:
-        """The job narrowed to the models its team's quotas leave room on (itself if none
-        are narrowed), made once per cycle and set of models."""
-        models = self._models_within_quota(job)
-        if models is None or models == (job.gpu_models or self.snap.cluster.models):
-            return job
-        key = (job.id, models)
-        narrowed = self._within.get(key)
-        if narrowed is None:
-            narrowed = self._within[key] = replace(job, gpu_models=models)
-        return narrowed
-
-    def _place_within_model_quotas(self, cap: Capacity, job: Job) -> Placement | None:
-        """The policy's placement, on the models the job's team's quotas leave room on: as
-        Kueue assigns a flavor whose quota fits before the pods are placed."""
-        narrowed = self._within_model_quotas(job)
-        if narrowed.gpu_models == () and narrowed is not job:
-            return None  # room on no model
-        return self.policy.placement(cap, narrowed)
 
     def _wait_for_next_instant(self) -> None:
         """A job waits only for this instant to pass (its team lost a job of higher priority
