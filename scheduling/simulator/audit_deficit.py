@@ -36,6 +36,7 @@ class Instant:
     touched: set[tuple[int, int]] = field(default_factory=set)  # GPUs taken or given back
     cpu: dict[int, int] = field(default_factory=dict)  # per node, CPUs given back
     mem: dict[int, int] = field(default_factory=dict)  # per node, memory given back
+    models: dict[tuple[str, str], int] = field(default_factory=dict)  # (team, model) given back
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +95,8 @@ class DeficitBound:
             rec.cpu[i] = rec.cpu.get(i, 0) + r.cpu
             rec.mem[i] = rec.mem.get(i, 0) + r.mem
         rec.given[job.team] = rec.given.get(job.team, ZERO) + d
+        for model, gpu in self.models_of(self.alloc.get(jid, ())).items():
+            rec.models[job.team, model] = rec.models.get((job.team, model), 0) + gpu
         if kind == "preempt":
             rec.lost[job.team] = max(rec.lost.get(job.team, job.priority), job.priority)
 
@@ -116,7 +119,10 @@ class DeficitBound:
           `Policy.victim_keeps_nominal` off (Kueue's rule), U is borrowing GPUs;
         - one of V's nodes holds J without V: its free GPUs (less any GPU a decision of the
           instant touched), CPUs and memory (less what the instant gave back);
-        - the cohort's pool still lends T what J draws on it once V is gone.
+        - the cohort's pool still lends T what J draws on it once V is gone;
+        - where per-model keys are enforced and the node's model is governed (some team
+          declares a `gpus.<MODEL>` key for it), T declares that model and its use of it + J is
+          within its nominal of it: else J would borrow the model, which is not a reclaim.
         If J has waited the bound (since its submission or last preemption) and V has run
         `min_runtime_s`, J should not be pending at the end of the instant: flag it. If not
         yet, J is due at tau = max(its wait start + bound, V's start + min_runtime_s): the
@@ -249,10 +255,7 @@ class DeficitBound:
             u = v.job.team
             if u == team or (best is not None and v.start >= best.start):
                 continue
-            if not any(
-                g >= d.gpu and c >= d.cpu and m >= d.mem and self.accepts(job, i)
-                for i, g, c, m in v.rooms
-            ):
+            if not any(self.fits(job, d, room, rec) for room in v.rooms):
                 continue
             pool = drawn - draws[u] + (hi[u] - v.demand - self.guaranteed[u]).clamp_low()
             if pool.first_excess(self.pool) is None:
@@ -262,6 +265,31 @@ class DeficitBound:
     def accepts(self, job: TraceJob, node: int) -> bool:
         """Is the node's GPU model one the job accepts?"""
         return not job.gpu_model or self.cluster.nodes[node].gpu_model in job.gpu_models
+
+    def fits(
+        self, job: TraceJob, d: Resources, room: tuple[int, int, int, int], rec: Instant
+    ) -> bool:
+        """Would `job` (gang demand `d`) go on the room's node, as a reclaim?"""
+        i, g, c, m = room
+        return (
+            g >= d.gpu
+            and c >= d.cpu
+            and m >= d.mem
+            and self.accepts(job, i)
+            and self.within_model(job, i, rec)
+        )
+
+    def within_model(self, job: TraceJob, node: int, rec: Instant) -> bool:
+        """Would `job` on the node stay within its team's nominal of the node's GPU model,
+        wherever in the instant it was examined? True where the model is not governed."""
+        if not self.models_enforced:
+            return True
+        model = self.cluster.nodes[node].gpu_model
+        q = self.model_quotas.get(job.team, {}).get(model)
+        if q is None:
+            return True  # not governed: only the total quotas apply
+        used = self.model_usage.get((job.team, model), 0) + rec.models.get((job.team, model), 0)
+        return used + self.shape(job)[1].gpu <= q.nominal
 
     def check_due(self, t: float) -> None:
         """Time moves on to `t`, nothing logged since the last instant: flag each job whose
@@ -285,11 +313,8 @@ class DeficitBound:
             return
         self.deficits.add((job.job_id, since))
         d = self.shape(job)[1]
-        node = next(
-            i
-            for i, g, c, m in v.rooms
-            if g >= d.gpu and c >= d.cpu and m >= d.mem and self.accepts(job, i)
-        )
+        # The node that held it when it was found owed (usage may have moved since).
+        node = next((r[0] for r in v.rooms if self.fits(job, d, r, Instant())), v.rooms[0][0])
         message = (
             f"within team {job.team}'s nominal, waiting since t={since:g} (bound "
             f"{self.bound:g}s), yet not given room though {v.job.job_id} of team "
