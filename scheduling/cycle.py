@@ -259,6 +259,10 @@ class Cycle:
             reason = self.policy.gangs.bind(self, job)
             if reason is None:
                 return Status.FITS, None
+            # The models its team's keys leave it have no room, while a model it lent does
+            # once that model's borrowers go: it takes that model back first.
+            if self.model_quotas and self._model_reclaim(pending, candidates):
+                return Status.PREEMPTS, None
         else:
             reason = reasons.quota(job.team, problem.resource, problem.limit)
         self.next_victim = None
@@ -541,6 +545,14 @@ class Cycle:
         """A job that waits on a model's key: within its team's nominal of a model that
         another team borrows, it may take it back (scheduling/model_reclaim.py), after its
         preemption delay, within the guards until its reclaim deadline."""
+        found = self._model_reclaim(pending, candidates)
+        if found is None:
+            return Status.BLOCKED, reason
+        return (Status.PREEMPTS, None) if found else (Status.NEEDS_PREEMPTION, reason)
+
+    def _model_reclaim(self, pending: Pending, candidates: Candidates) -> bool | None:
+        """`_reclaim_model`'s search: True if the job was admitted with its victims, False if
+        it may reclaim a model but not now (the wake-ups asked for), None if it may not."""
         job = pending.job
         model = (
             reclaimable_model(self.quota, self.snap.cluster, job)
@@ -548,11 +560,11 @@ class Cycle:
             else None
         )
         if model is None:
-            return Status.BLOCKED, reason
+            return None
         allowed_at = pending.since + self.policy.preemption_delay_s
         if allowed_at > self.now:
             self.wake(allowed_at)
-            return Status.NEEDS_PREEMPTION, reason
+            return False
         unguarded_at = pending.since + self.policy.reclaim_deadline_s
         guarded = unguarded_at > self.now
         if guarded:
@@ -574,9 +586,9 @@ class Cycle:
             later = next_victim_at(self._victim_pool(), self.quota, job, model)
             if later is not None:
                 self.wake(later)
-            return Status.NEEDS_PREEMPTION, reason
+            return False
         self._admit_with_preemption(job, plan, candidates)
-        return Status.PREEMPTS, None
+        return True
 
     def _wait_for_next_instant(self) -> None:
         """A job waits only for this instant to pass (its team lost a job of higher priority

@@ -60,6 +60,13 @@ class ModelQuotaPlacer:
             out = self._narrowed[key] = replace(job, gpu_models=models)
         return out
 
+    def on_ledger(self, quota: QuotaLedger) -> ModelQuotaPlacer:
+        """The same narrowing read from another ledger: a preemption search's trial one, in
+        which its victims' GPUs of each model are given back."""
+        return (
+            self if quota is self.quota else ModelQuotaPlacer(quota, self.cluster, self.placement)
+        )
+
     def __call__(self, cap: Capacity, job: Job) -> Placement | None:
         if self.models(job) == ():
             return None  # room on no model

@@ -17,13 +17,13 @@ preempted that the preemptor does not need gone.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
 from scheduling.capacity import Capacity
 from scheduling.jobs import Job, Placement, Running
-from scheduling.models import accepted_nodes
+from scheduling.models import accepted_nodes, gpus_by_model
 from scheduling.placement import TOPOLOGY
 from scheduling.quota import QuotaLedger, below_nominal_after, borrows_in
 from scheduling.resources import ZERO, Resources
@@ -304,7 +304,7 @@ def _plan_on_index(
             team, job.demand, preemptible, _own_release(chosen, team)
         ):
             continue  # the cheap half of the check below, without a clone
-        trial = quota.without(v.job for v in chosen)
+        trial = _without(quota, chosen, cap)
         if trial.check(team, job.demand, preemptible) is not None:
             continue
         confirmed += 1
@@ -313,7 +313,7 @@ def _plan_on_index(
         trial_cap = cap.clone()
         for v in chosen:
             trial_cap.give_placement(v.placement, v.job.cpu, v.job.mem)
-        placement = place(trial_cap, job)
+        placement = _place(place, trial_cap, trial, job)
         if placement is not None:
             return PreemptionPlan(placement, tuple(chosen))
     return None
@@ -441,10 +441,10 @@ def _plan_greedy(
         tries += 1
         if tries > _SINGLE_TRIES:
             break
-        c, q = cap.clone(), quota.without((r.job,))
+        c, q = cap.clone(), _without(quota, (r,), cap)
         c.give_placement(r.placement, r.job.cpu, r.job.mem)
         if _fits(c, q, job, place):
-            placement = place(c, job)
+            placement = _place(place, c, q, job)
             assert placement is not None  # _fits just said so
             return PreemptionPlan(placement, (r,))
     return None
@@ -460,10 +460,10 @@ def _plan_prefix(
         c = cap.clone()
         for r in allowed[:k]:
             c.give_placement(r.placement, r.job.cpu, r.job.mem)
-        return c, quota.without(r.job for r in allowed[:k])
+        return c, _without(quota, allowed[:k], cap)
 
     def fits_without(k: int) -> bool:  # `_fits(*without(k), ...)`, quota first: it is cheaper
-        qq = quota.without(r.job for r in allowed[:k])
+        qq = _without(quota, allowed[:k], cap)
         if qq.check(job.team, job.demand, job.preemptible) is not None:
             return False
         c = cap.clone()
@@ -488,18 +488,22 @@ def _plan_prefix(
     chosen = allowed[:lo]
     trial_cap, trial_quota = without(lo)
     # Prune: put back every victim the preemptor can do without, the costliest first.
+    models = quota.has_models
     for victim in sorted(chosen[:-1], key=lambda r: (-r.job.priority, r.start_time)):
         v = victim.job
         if not _free(trial_cap, victim):
             continue
         trial_cap.take_placement(victim.placement, v.cpu, v.mem)
         trial_quota.add(v.team, v.demand)
+        by_model = gpus_by_model(cap.cluster, victim.placement.replicas) if models else {}
+        trial_quota.add_models(v.team, by_model)
         if _fits(trial_cap, trial_quota, job, place):
             chosen.remove(victim)
         else:
             trial_cap.give_placement(victim.placement, v.cpu, v.mem)
             trial_quota.remove(v.team, v.demand)
-    placement = place(trial_cap, job)
+            trial_quota.remove_models(v.team, by_model)
+    placement = _place(place, trial_cap, trial_quota, job)
     assert placement is not None  # _fits just said so on this very capacity
     return PreemptionPlan(placement, tuple(chosen))
 
@@ -522,7 +526,24 @@ def _fits(cap: Capacity, quota: QuotaLedger, job: Job, place: Placer) -> bool:
         return False
     if not job.shared and cap.domain_free["cluster"]["cluster"] < job.whole_gpus * job.replicas:
         return False
-    return place(cap, job) is not None
+    return _place(place, cap, quota, job) is not None
+
+
+def _without(quota: QuotaLedger, victims: Sequence[Running], cap: Capacity) -> QuotaLedger:
+    """A trial ledger with the victims gone: their demand, and where teams declare per-model
+    quotas their GPUs of each model (victims may free a model's pool that the job needs)."""
+    trial = quota.without(v.job for v in victims)
+    if quota.has_models:
+        for v in victims:
+            trial.remove_models(v.job.team, gpus_by_model(cap.cluster, v.placement.replicas))
+    return trial
+
+
+def _place(place: Placer, cap: Capacity, quota: QuotaLedger, job: Job) -> Placement | None:
+    """`place(cap, job)` with the trial ledger `quota`, for a placer that reads one (the
+    per-model quotas' narrowing, `model_quotas.ModelQuotaPlacer`)."""
+    on_ledger = getattr(place, "on_ledger", None)
+    return place(cap, job) if on_ledger is None else on_ledger(quota)(cap, job)
 
 
 def _free(cap: Capacity, r: Running) -> bool:

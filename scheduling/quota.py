@@ -354,8 +354,8 @@ class QuotaLedger:
         """A clone with every victim's demand given back: each team's release summed first,
         then applied once (the pool's and the borrowers' bookkeeping depend only on each
         team's usage before and after, so this equals removing them one by one). Per-model
-        usage is left as it was: a search's trial ledgers check totals; the models a job may
-        use are read from the cycle's ledger, which victims could only make roomier."""
+        usage is left as it was: jobs carry no placement; a preemption search gives back its
+        victims' GPUs of each model itself (`preemption._without`)."""
         release: dict[str, list[int]] = {}
         for v in victims:
             d = v.demand

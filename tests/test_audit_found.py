@@ -39,13 +39,14 @@ def test_scenarios_the_audit_was_wrong_on_pass_it(path: Path) -> None:
         audit_or_raise(result.events, s.cluster, s.teams, s.policy(name), s.jobs)
 
 
-def _deficits(a_model_nominal: int) -> list[tuple[float, str, str]]:
-    """`test_audit.lent_out`'s log (b borrows all of a's quota; a1, 4 GPUs, waits from t=10
-    and is served only when b's jobs end) with a declaring `gpus.gpu` (the nodes' model)."""
+def _deficits(a_model_nominal: int, b_nominal: int = 4) -> list[tuple[float, str, str]]:
+    """`test_audit.lent_out`'s log (b1 and b2 of b on n0 and n1, c on n2; a1, 4 GPUs, waits
+    from t=10 and is served only when b's jobs end) with a declaring `gpus.gpu` (the nodes'
+    model): b and c, with no key for it, have a nominal of 0 of it."""
     teams = parse_teams(
         [
             {"name": "a", "nominal": {"gpus": 4, "gpus.gpu": a_model_nominal}},
-            {"name": "b", "nominal": {"gpus": 4}},
+            {"name": "b", "nominal": {"gpus": b_nominal}},
             {"name": "c", "nominal": {"gpus": 4}},
         ]
     )
@@ -70,3 +71,11 @@ def test_the_deficit_rule_owes_nothing_where_the_job_would_borrow_the_model(
     # a's 4-GPU job on the only model goes beyond a's nominal of it: it would borrow the
     # model (b and c have a nominal of 0 of it, so b borrows it too), and no reclaim is owed.
     assert _deficits(a_model_nominal) == []
+
+
+def test_the_deficit_rule_owes_a_model_reclaim_from_a_team_within_its_total_nominal() -> None:
+    # b (nominal 8) borrows nothing in total, but all 8 of its GPUs of the model: a's job,
+    # within a's nominal of the model, is owed them (scheduling/model_reclaim.py).
+    assert _deficits(4, b_nominal=8) == [(DUE, "a1", "nominal_deficit")]
+    # Beyond a's nominal of the model, a1 would borrow it: nothing is owed.
+    assert _deficits(2, b_nominal=8) == []

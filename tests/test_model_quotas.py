@@ -244,6 +244,49 @@ def test_a_team_reclaims_the_model_it_lent_from_a_team_within_its_total_nominal(
     assert w.state.quota.model_usage[("a", "H100")] == 2000
 
 
+def test_a_team_reclaims_the_model_it_lent_when_the_models_it_may_borrow_have_no_room() -> None:
+    """The H100s a lends are all borrowed by b; the A100s (no team's key: any team may use
+    them) are held by c within its nominal, with one GPU free per node. a's 2-GPU job that
+    takes any model fits its quotas on the A100s, where there is no room, and not on the
+    H100s, where there would be once b's jobs go: it takes back 2 H100s after its delay, as a
+    job the H100 key alone holds back does (found by fresh examples on the lent H200)."""
+    teams = _teams(*LENDER, {"name": "c", "nominal": {"gpus": 6}})
+    w = World(CLUSTER, teams)
+    w.submit(*(job(f"b{i}", "b", gpus=1, gpu_models=("H100",)) for i in range(4)))
+    w.submit(*(job(f"c{i}", "c", gpus=3, gpu_models=("A100",)) for i in range(2)))
+    assert len(admitted(w.cycle(0))) == 6
+    w.submit(job("a-any", "a", gpus=2), at=10)
+    early = w.cycle(10)
+    assert not early.admitted and not early.preempted
+    assert early.pending["a-any"].code == Reason.NO_PLACEMENT
+    assert early.next_wakeup == 10 + w.policy.preemption_delay_s
+    result = w.cycle(early.next_wakeup)
+    assert admitted(result) == ["a-any"] and _models(w, "a-any") == {"H100"}
+    assert len(result.preempted) == 2 and {p.by for p in result.preempted} == {"a-any"}
+
+
+@pytest.mark.parametrize("policy", ["berth", "kueue-tas"])
+def test_a_key_for_a_model_never_costs_a_team_its_total_guarantee(policy: str) -> None:
+    """b borrows in total (8 GPUs of its nominal 4) and every H100 (no key of its own for
+    them). a's 4-GPU H100 job is within a's nominal and its H100 key, but the H100 pool is
+    full: the totals' reclaim must give back b's H100s to a's key too, or a waits as long as
+    b runs (it did: declaring the key lost a its guarantee)."""
+    teams = _teams(
+        {"name": "a", "nominal": {"gpus": 4, "gpus.H100": 4}}, {"name": "b", "nominal": {"gpus": 4}}
+    )
+    trace = [
+        TraceJob("b1", 0.0, "b", 1, 4.0, 50_000.0, gpu_model="H100"),
+        TraceJob("b2", 0.0, "b", 1, 4.0, 50_000.0, gpu_model="A100"),
+        TraceJob("a1", 10.0, "a", 1, 4.0, 100.0, gpu_model="H100"),
+    ]
+    pol = POLICIES[policy]
+    events = simulate(CLUSTER, teams, trace, pol).events
+    audit_or_raise(events, CLUSTER, teams, pol, {j.job_id: j for j in trace})
+    [taken] = [e for e in events if e["type"] == "preempt"]
+    assert (taken["job"], taken["by"]) == ("b1", "a1")
+    assert taken["t"] == 10.0 + pol.preemption_delay_s
+
+
 @pytest.mark.parametrize("policy", ["berth", "kueue-tas"])
 def test_a_replayed_model_reclaim_passes_the_audit_and_one_without_a_claim_does_not(
     policy: str,

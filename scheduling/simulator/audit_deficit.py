@@ -37,6 +37,7 @@ class Instant:
     cpu: dict[int, int] = field(default_factory=dict)  # per node, CPUs given back
     mem: dict[int, int] = field(default_factory=dict)  # per node, memory given back
     models: dict[tuple[str, str], int] = field(default_factory=dict)  # (team, model) given back
+    models_taken: dict[tuple[str, str], int] = field(default_factory=dict)  # ... and taken
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,9 @@ class Victim:
     start: float
     demand: Resources
     rooms: tuple[tuple[int, int, int, int], ...]  # (node, GPUs, CPUs, memory)
+    total: bool  # its team borrows GPUs in total and may lose it (preemption.py's reclaim)
+    model: str | None  # the governed model its team borrows and it runs on (model_reclaim.py)
+    by_model: Mapping[str, int]  # its GPUs (milli) per model
 
 
 class DeficitBound:
@@ -82,6 +86,9 @@ class DeficitBound:
         rec.touched.update((i, g) for i, gpus, _ in self.alloc.get(jid, ()) for g in gpus)
         if state == "pending":
             rec.taken[job.team] = rec.taken.get(job.team, ZERO) + self.shape(job)[1]
+            for model, gpu in self.models_of(self.alloc.get(jid, ())).items():
+                key = (job.team, model)
+                rec.models_taken[key] = rec.models_taken.get(key, 0) + gpu
         if kind == "admit":
             rec.floor[job.team] = min(rec.floor.get(job.team, job.priority), job.priority)
         self.dequeue(job)
@@ -120,9 +127,16 @@ class DeficitBound:
         - one of V's nodes holds J without V: its free GPUs (less any GPU a decision of the
           instant touched), CPUs and memory (less what the instant gave back);
         - the cohort's pool still lends T what J draws on it once V is gone;
-        - where per-model keys are enforced and the node's model is governed (some team
-          declares a `gpus.<MODEL>` key for it), T declares that model and its use of it + J is
-          within its nominal of it: else J would borrow the model, which is not a reclaim.
+        - where per-model keys are enforced and the node's model M is governed (some team
+          declares a `gpus.<MODEL>` key for it), T's use of M + J is within T's nominal of M
+          (else J would borrow M, which is not a reclaim), and M's pool lends T what J draws
+          on it once V is gone (the searches' trial ledgers give back V's GPUs of M).
+        Per-model reclaim (scheduling/model_reclaim.py) is owed too: V may be of a team that
+        uses more of a governed model M than its nominal of it, V runs on M alone, its team
+        keeps its nominal of M without it (or, with `victim_keeps_nominal` off, borrows M), J
+        goes on one of V's nodes, M's pool lends what J draws once V is gone, and the cohort's
+        pool lends T what J draws with V still running (the cycle tries a model's reclaim only
+        for a job its totals hold).
         If J has waited the bound (since its submission or last preemption) and V has run
         `min_runtime_s`, J should not be pending at the end of the instant: flag it. If not
         yet, J is due at tau = max(its wait start + bound, V's start + min_runtime_s): the
@@ -156,8 +170,9 @@ class DeficitBound:
         t, pol = self.t, self.policy
         lo = {n: u - rec.taken.get(n, ZERO) for n, u in self.usage.items()}
         borrowers = {n for n, u in lo.items() if u.gpu - self.teams[n].nominal.gpu >= GPU_UNIT}
-        if not borrowers:
-            return  # no team borrows a whole GPU: no victim
+        model_lo = self.model_lo(rec)
+        if not borrowers and not model_lo:
+            return  # no team borrows a whole GPU, in total or of a model: no victim
         waits = [*self.waiting.values(), *(self.since.get(j, t) for j in rec.moved)]
         if min(waits) + pol.starvation_s <= t:
             return
@@ -165,7 +180,7 @@ class DeficitBound:
         if sum(self.jobs[j].preemptible for j in running) > pol.max_preemption_candidates:
             return
         hi = {n: u + rec.given.get(n, ZERO) for n, u in self.usage.items()}
-        victims = self.victims(rec, borrowers, lo, hi)
+        victims = self.victims(rec, borrowers, lo, hi, model_lo)
         if not victims:
             return
         draws = {n: (u - self.guaranteed[n]).clamp_low() for n, u in hi.items()}
@@ -186,34 +201,59 @@ class DeficitBound:
             elif v.start <= t - pol.min_runtime_s:  # as the engine lists its victims
                 self.flag_deficit(job, since, v, t)
 
+    def model_lo(self, rec: Instant) -> dict[tuple[str, str], int]:
+        """Per (team, governed model) that the team uses more of than its nominal of it
+        (a whole GPU more, wherever in the instant), the least it used in the instant."""
+        if not self.models_enforced:
+            return {}
+        out = {}
+        for key, used in self.model_usage.items():
+            team, model = key
+            lo = used - rec.models_taken.get(key, 0)
+            if lo - self.model_quotas[team][model].nominal >= GPU_UNIT:
+                out[key] = lo
+        return out
+
     def victims(
         self,
         rec: Instant,
         borrowers: set[str],
         lo: Mapping[str, Resources],
         hi: Mapping[str, Resources],
+        model_lo: Mapping[tuple[str, str], int],
     ) -> list[Victim]:
-        """Running jobs of `borrowers` that a lender's job may take, now or once they have
-        run their minimum run time."""
+        """Running jobs of `borrowers` (or of teams borrowing a governed model, on it) that a
+        lender's job may take, now or once they have run their minimum run time."""
         out: list[Victim] = []
+        keep = self.policy.victim_keeps_nominal
         for jid, (start, *_) in self.started.items():
             v = self.jobs[jid]
             team, (r, d, _), reps = v.team, self.shape(v), self.alloc.get(jid, [])
-            if team not in borrowers or not v.preemptible or jid in rec.moved:
+            if not v.preemptible or jid in rec.moved:
                 continue
             if v.priority > rec.floor.get(team, v.priority):
                 continue  # spared: its team admitted a job of lower priority in the instant
             if r.gpu < GPU_UNIT or not reps or any(share for _, _, share in reps):
                 continue  # a share may free no whole GPU: the one-node search skips it
+            total = team in borrowers
             nominal = self.teams[team].nominal
             # Under Kueue's rule (victim_keeps_nominal off) any job of a borrowing team may go.
-            if self.policy.victim_keeps_nominal:
-                if lo[team].gpu - d.gpu < nominal.gpu:
-                    continue  # its team would end below its nominal GPUs
-                if _dips(d.cpu, lo[team].cpu, hi[team].cpu, nominal.cpu) or _dips(
-                    d.mem, lo[team].mem, hi[team].mem, nominal.mem
+            if total and keep:
+                total = not (
+                    lo[team].gpu - d.gpu < nominal.gpu  # its team would end below its nominal
+                    or _dips(d.cpu, lo[team].cpu, hi[team].cpu, nominal.cpu)
+                    or _dips(d.mem, lo[team].mem, hi[team].mem, nominal.mem)
+                )  # ... or below its nominal CPUs or memory, where above them
+            by_model = self.models_of(reps)
+            model = next(iter(by_model)) if len(by_model) == 1 else None
+            if model is not None:
+                left = model_lo.get((team, model))
+                if left is None or (
+                    keep and left - by_model[model] < self.model_quotas[team][model].nominal
                 ):
-                    continue  # ... or below its nominal CPUs or memory, where above them
+                    model = None  # its team does not borrow the model, or would end below it
+            if not total and model is None:
+                continue
             count: dict[int, int] = {}
             for i, _, _ in reps:
                 count[i] = count.get(i, 0) + 1
@@ -231,7 +271,7 @@ class DeficitBound:
                 cpu = node.cpu - self.cpu[i] - rec.cpu.get(i, 0) + k * r.cpu
                 mem = node.mem - self.mem[i] - rec.mem.get(i, 0) + k * r.mem
                 rooms.append((i, gpus, cpu, mem))
-            out.append(Victim(v, start, d, tuple(rooms)))
+            out.append(Victim(v, start, d, tuple(rooms), total, model, by_model))
         return out
 
     def first_victim(
@@ -255,41 +295,91 @@ class DeficitBound:
             u = v.job.team
             if u == team or (best is not None and v.start >= best.start):
                 continue
-            if not any(self.fits(job, d, room, rec) for room in v.rooms):
-                continue
-            pool = drawn - draws[u] + (hi[u] - v.demand - self.guaranteed[u]).clamp_low()
-            if pool.first_excess(self.pool) is None:
+            if self.reclaims(job, d, v, drawn - draws[u], hi[u], rec):
                 best = v
         return best
+
+    def reclaims(
+        self,
+        job: TraceJob,
+        d: Resources,
+        v: Victim,
+        drawn_but_v: Resources,
+        v_usage: Resources,
+        rec: Instant,
+    ) -> bool:
+        """Would taking `v` alone make room for `job` (gang demand `d`)? `drawn_but_v`: what
+        every team but v's draws on the cohort's pool, the job's team with the job."""
+        u = v.job.team
+        # The totals' reclaim (preemption.py): the cohort's pool and the model's with the
+        # victim gone (its trial ledgers give back the victims' GPUs of each model too).
+        pool = drawn_but_v + (v_usage - v.demand - self.guaranteed[u]).clamp_low()
+        if (
+            v.total
+            and pool.first_excess(self.pool) is None
+            and any(self.fits(job, d, room, rec, v, any_model=True) for room in v.rooms)
+        ):
+            return True
+        # A model's reclaim (model_reclaim.py), tried where the job fits its team's total quota
+        # as it is: the model's pool with the victim gone, on the victim's model.
+        pool = drawn_but_v + (v_usage - self.guaranteed[u]).clamp_low()
+        return (
+            v.model is not None
+            and pool.first_excess(self.pool) is None
+            and any(self.fits(job, d, room, rec, v) for room in v.rooms)
+        )
 
     def accepts(self, job: TraceJob, node: int) -> bool:
         """Is the node's GPU model one the job accepts?"""
         return not job.gpu_model or self.cluster.nodes[node].gpu_model in job.gpu_models
 
     def fits(
-        self, job: TraceJob, d: Resources, room: tuple[int, int, int, int], rec: Instant
+        self,
+        job: TraceJob,
+        d: Resources,
+        room: tuple[int, int, int, int],
+        rec: Instant,
+        v: Victim | None,
+        *,
+        any_model: bool = False,
     ) -> bool:
-        """Would `job` (gang demand `d`) go on the room's node, as a reclaim?"""
+        """Would `job` (gang demand `d`) go on the room's node with `v` gone (None: the job's
+        own quota of the node's model alone), as a reclaim of the totals (`any_model`) or of
+        the model `v` borrows?"""
         i, g, c, m = room
-        return (
-            g >= d.gpu
-            and c >= d.cpu
-            and m >= d.mem
-            and self.accepts(job, i)
-            and self.within_model(job, i, rec)
-        )
+        if not (g >= d.gpu and c >= d.cpu and m >= d.mem and self.accepts(job, i)):
+            return False
+        model = self.cluster.nodes[i].gpu_model
+        if v is not None and not any_model and v.model != model:
+            return False  # a model's reclaim makes room on that model only
+        return self.within_model(job, model, rec, v)
 
-    def within_model(self, job: TraceJob, node: int, rec: Instant) -> bool:
-        """Would `job` on the node stay within its team's nominal of the node's GPU model,
-        wherever in the instant it was examined? True where the model is not governed."""
+    def within_model(self, job: TraceJob, model: str, rec: Instant, v: Victim | None) -> bool:
+        """Would `job` on `model` stay within its team's nominal of it, and would the model's
+        pool lend what it draws (with `v` gone, where given), wherever in the instant it was
+        examined? True where the model is not governed."""
         if not self.models_enforced:
             return True
-        model = self.cluster.nodes[node].gpu_model
         q = self.model_quotas.get(job.team, {}).get(model)
         if q is None:
             return True  # not governed: only the total quotas apply
-        used = self.model_usage.get((job.team, model), 0) + rec.models.get((job.team, model), 0)
-        return used + self.shape(job)[1].gpu <= q.nominal
+        team = job.team
+        used = self.model_usage.get((team, model), 0) + rec.models.get((team, model), 0)
+        after = used + self.shape(job)[1].gpu
+        if after > q.nominal:
+            return False
+        if after <= q.guaranteed:
+            return True
+        # The model's pool, each team's draw at its most (usage plus what it gave back), the
+        # job's team with the job, the victim's without it.
+        drawn = 0
+        for other, quotas in self.model_quotas.items():
+            key = (other, model)
+            u = after if other == team else self.model_usage.get(key, 0) + rec.models.get(key, 0)
+            if v is not None and other == v.job.team:
+                u -= v.by_model.get(model, 0)
+            drawn += max(u - quotas[model].guaranteed, 0)
+        return drawn <= self.model_pool.get(model, 0)
 
     def check_due(self, t: float) -> None:
         """Time moves on to `t`, nothing logged since the last instant: flag each job whose
@@ -314,7 +404,8 @@ class DeficitBound:
         self.deficits.add((job.job_id, since))
         d = self.shape(job)[1]
         # The node that held it when it was found owed (usage may have moved since).
-        node = next((r[0] for r in v.rooms if self.fits(job, d, r, Instant())), v.rooms[0][0])
+        rooms = (r[0] for r in v.rooms if self.fits(job, d, r, Instant(), v, any_model=v.total))
+        node = next(rooms, v.rooms[0][0])
         message = (
             f"within team {job.team}'s nominal, waiting since t={since:g} (bound "
             f"{self.bound:g}s), yet not given room though {v.job.job_id} of team "
