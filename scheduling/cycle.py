@@ -42,7 +42,7 @@ from scheduling.decisions import (
 )
 from scheduling.jobs import Job, Pending, Placement, Running
 from scheduling.model_quotas import ModelQuotaPlacer
-from scheduling.model_reclaim import next_victim_at, plan_model_reclaim, reclaimable_model
+from scheduling.model_reclaim import next_victim_at, plan_model_reclaim, reclaimable_models
 from scheduling.models import gpus_by_model
 from scheduling.ordering import Candidates
 from scheduling.policy import Policy
@@ -554,12 +554,10 @@ class Cycle:
         """`_reclaim_model`'s search: True if the job was admitted with its victims, False if
         it may reclaim a model but not now (the wake-ups asked for), None if it may not."""
         job = pending.job
-        model = (
-            reclaimable_model(self.quota, self.snap.cluster, job)
-            if self.policy.preemption
-            else None
+        models = (
+            reclaimable_models(self.quota, self.snap.cluster, job) if self.policy.preemption else []
         )
-        if model is None:
+        if not models:
             return None
         allowed_at = pending.since + self.policy.preemption_delay_s
         if allowed_at > self.now:
@@ -569,26 +567,27 @@ class Cycle:
         guarded = unguarded_at > self.now
         if guarded:
             self.wake(unguarded_at)
-        plan = plan_model_reclaim(
-            self._victim_pool(),
-            self.cap,
-            self.quota,
-            job,
-            model,
-            place=self.policy.placement,
-            guarded=guarded,
-            excluded=self.victims,
-            spared_above=self.admitted_floor,
-            keep_nominal=self.policy.victim_keeps_nominal,
-            max_candidates=self.policy.max_preemption_candidates,
-        )
-        if plan is None:
+        for model in models:  # in the job's order: the first that a plan makes room on
+            plan = plan_model_reclaim(
+                self._victim_pool(),
+                self.cap,
+                self.quota,
+                job,
+                model,
+                place=self.policy.placement,
+                guarded=guarded,
+                excluded=self.victims,
+                spared_above=self.admitted_floor,
+                keep_nominal=self.policy.victim_keeps_nominal,
+                max_candidates=self.policy.max_preemption_candidates,
+            )
+            if plan is not None:
+                self._admit_with_preemption(job, plan, candidates)
+                return True
             later = next_victim_at(self._victim_pool(), self.quota, job, model)
             if later is not None:
                 self.wake(later)
-            return False
-        self._admit_with_preemption(job, plan, candidates)
-        return True
+        return False
 
     def _wait_for_next_instant(self) -> None:
         """A job waits only for this instant to pass (its team lost a job of higher priority

@@ -30,16 +30,17 @@ from scheduling.victims import VictimPool
 _NO_FLOOR = 1 << 62
 
 
-def reclaimable_model(quota: QuotaLedger, cluster: Cluster, job: Job) -> str | None:
-    """The first model the job accepts that its team's nominal of it has room for (all of the
-    job counted there) while another team uses more of it than its own nominal; None if none,
-    or if the job would take its team above its total nominal. A reclaim keeps both nominals:
+def reclaimable_models(quota: QuotaLedger, cluster: Cluster, job: Job) -> list[str]:
+    """The models the job accepts (in its order) that its team's nominal of has room for (all
+    of the job counted there) while another team uses more of it than its own nominal; none
+    if the job would take its team above its total nominal. A reclaim keeps both nominals:
     a team borrowing in total that reclaimed a model from a team within its total would lose the
     job to that team's reclaim of the totals, and so on for ever (found by the quality
     benchmark's models-quota family under kueue-tas, which has no delay or guards)."""
     if not quota.fits_nominal_with(job.team, job.demand):
-        return None
+        return []
     declared = quota.declared_models(job.team)
+    out = []
     for model in job.gpu_models or cluster.models:
         q = declared.get(model)
         if q is None or quota.model_usage.get((job.team, model), 0) + job.demand.gpu > q.nominal:
@@ -49,8 +50,8 @@ def reclaimable_model(quota: QuotaLedger, cluster: Cluster, job: Job) -> str | N
             for team in quota.teams
             if team != job.team
         ):
-            return model
-    return None
+            out.append(model)
+    return out
 
 
 def plan_model_reclaim(

@@ -265,6 +265,32 @@ def test_a_team_reclaims_the_model_it_lent_when_the_models_it_may_borrow_have_no
     assert len(result.preempted) == 2 and {p.by for p in result.preempted} == {"a-any"}
 
 
+def test_a_model_reclaim_goes_on_to_the_next_model_the_job_accepts() -> None:
+    """b borrows every H100 and every A100 (no keys of its own). a's 4-GPU job needs one GPU
+    group of 4: the H100 node has groups of 2, so no reclaim of H100s can place it, and it
+    takes back the A100s it accepts next instead of waiting on the H100s for ever."""
+    cluster = parse_cluster(
+        {
+            "nodes": [
+                {"name": "h0", "gpus": 4, "gpu_groups": 2, "gpu_model": "H100"},
+                {"name": "a0", "gpus": 4, "gpu_model": "A100"},
+            ]
+        }
+    )
+    teams = _teams(
+        {"name": "a", "nominal": {"gpus": 8, "gpus.H100": 4, "gpus.A100": 4}},
+        {"name": "b", "nominal": {"gpus": 8}},
+    )
+    w = World(cluster, teams, policy(preemption_delay_s=0.0))
+    w.submit(*(job(f"bh{i}", "b", gpus=1, gpu_models=("H100",)) for i in range(4)))
+    w.submit(*(job(f"ba{i}", "b", gpus=1, gpu_models=("A100",)) for i in range(4)))
+    assert len(admitted(w.cycle(0))) == 8
+    w.submit(job("a4", "a", gpus=4, topology="gpu_group", gpu_models=("H100", "A100")), at=10)
+    result = w.cycle(10)
+    assert admitted(result) == ["a4"] and _models(w, "a4") == {"A100"}
+    assert {p.job_id for p in result.preempted} == {f"ba{i}" for i in range(4)}
+
+
 @pytest.mark.parametrize("policy", ["berth", "kueue-tas"])
 def test_a_key_for_a_model_never_costs_a_team_its_total_guarantee(policy: str) -> None:
     """b borrows in total (8 GPUs of its nominal 4) and every H100 (no key of its own for
