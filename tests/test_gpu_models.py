@@ -218,6 +218,36 @@ def test_the_summary_has_a_row_per_model() -> None:
     assert "## GPU models" in page and "| H100 | 4 |" in page
 
 
+def test_the_summary_has_a_row_per_team_and_model() -> None:
+    """Team a holds H100s, then b's job waits for them; b also runs on A100s."""
+    from scheduling.simulator.metrics import ClusterInfo, TeamInfo, summarize
+    from scheduling.simulator.report import render_markdown
+
+    teams = [{"name": "a", "nominal": {"gpus": 6}}, {"name": "b", "nominal": {"gpus": 6}}]
+    cluster = parse_cluster(SPEC)
+    trace = [
+        TraceJob("ah", 0, "a", 1, 4.0, 3600, gpu_model="H100"),
+        TraceJob("ba", 0, "b", 2, 2.0, 1800, gpu_model="A100"),
+        TraceJob("bh", 10, "b", 1, 2.0, 360, gpu_model="H100"),  # waits for ah: 3,590 s
+    ]
+    result = simulate(cluster, parse_teams(teams), trace, POLICIES["berth"])
+    info = ClusterInfo(
+        {n.name: n.gpus for n in cluster.nodes}, {n.name: n.gpu_model for n in cluster.nodes}
+    )
+    team_info = [TeamInfo("a", 6), TeamInfo("b", 6)]
+    data = summarize(result.events, info, team_info, policy="berth", wall_s=0).as_dict()
+    rows = {(r["team"], r["model"]): r for r in data["team_models"]}
+    assert set(rows) == {("a", "H100"), ("b", "A100"), ("b", "H100")}
+    assert rows["a", "H100"]["gpu_hours"] == pytest.approx(4.0)
+    assert rows["b", "A100"]["gpu_hours"] == pytest.approx(2 * 2 * 0.5)
+    assert rows["b", "H100"]["gpu_hours"] == pytest.approx(2 * 0.1)
+    assert rows["b", "H100"]["jobs_admitted"] == 1
+    assert rows["b", "H100"]["avg_first_wait_s"] == pytest.approx(3590)
+    assert rows["a", "H100"]["avg_first_wait_s"] == 0
+    page = render_markdown(data, title="two teams, two models")
+    assert "## GPU models by team" in page and "| b | H100 | 0.2 | 1 | 3,590.0 |" in page
+
+
 def test_a_job_runs_faster_on_a_faster_model_and_keeps_its_checkpointed_work() -> None:
     """gpu_speed H100: 2.0. A 3,600 s job runs 1,800 s on an H100 (the audit checks run times
     against the speeds too); a mixed gang runs at the pace of its slowest model; preempted on

@@ -228,6 +228,7 @@ def _summary(
     }
     if replay.model_of:
         data["models"] = _model_rows(replay, jobs, makespan)
+        data["team_models"] = _team_model_rows(replay, jobs)
     series = Series(
         **replay.timeline.bucketed(names, start, makespan, max_points),
         jct_s=jct_s,
@@ -255,6 +256,28 @@ def _model_rows(replay: Replay, jobs: list[Any], makespan: float) -> list[dict[s
                 "busy": _r(_div(gpu_s, gpus * makespan), 4),
                 "jobs_admitted": len(waits),
                 "avg_first_wait_s": _r(sum(waits) / len(waits), 3) if waits else None,
+            }
+        )
+    return rows
+
+
+def _team_model_rows(replay: Replay, jobs: list[Any]) -> list[dict[str, Any]]:
+    """Per team and GPU model it used or was first admitted on: the GPU-hours its admitted
+    jobs held there, and its jobs first admitted on it with their average first wait."""
+    waits: dict[tuple[str, str], list[float]] = {}
+    for j in jobs:
+        for model in j.first_models:
+            waits.setdefault((j.team, model), []).append(j.first_admit_t - j.submit_t)
+    rows = []
+    for team, model in sorted({*replay.team_model_gpu_s, *waits}):
+        ws = waits.get((team, model), [])
+        rows.append(
+            {
+                "team": team,
+                "model": model,
+                "gpu_hours": _r(replay.team_model_gpu_s.get((team, model), 0.0) / 3600.0, 4),
+                "jobs_admitted": len(ws),
+                "avg_first_wait_s": _r(sum(ws) / len(ws), 3) if ws else None,
             }
         )
     return rows

@@ -76,6 +76,8 @@ class Replay:
         self.model_of = dict(cluster.node_models)
         self.model_alloc: dict[str, float] = {}
         self.model_gpu_s: dict[str, float] = {}
+        self.team_model_alloc: dict[tuple[str, str], float] = {}  # the same per (team, model)
+        self.team_model_gpu_s: dict[tuple[str, str], float] = {}
         self.timeline = Timeline()
         self.t0: float | None = None
         self.now = 0.0
@@ -96,6 +98,8 @@ class Replay:
             self.deficit.advance(dt)
             for model, held in self.model_alloc.items():
                 self.model_gpu_s[model] = self.model_gpu_s.get(model, 0.0) + held * dt
+            for key, held in self.team_model_alloc.items():
+                self.team_model_gpu_s[key] = self.team_model_gpu_s.get(key, 0.0) + held * dt
             self.now = t
         kind = ev["type"]
         if kind not in _KINDS:
@@ -268,6 +272,8 @@ class Replay:
         """Count (sign 1) or uncount (-1) the GPUs of an admitted job's allocation per model."""
         for model, gpus in job.by_model.items():
             self.model_alloc[model] = self.model_alloc.get(model, 0.0) + sign * gpus
+            key = (job.team, model)
+            self.team_model_alloc[key] = self.team_model_alloc.get(key, 0.0) + sign * gpus
 
     def close(self) -> None:
         """Close each team's step function at the last event, for the integrals."""

@@ -108,6 +108,13 @@ MODEL_COLUMNS = [
     ("jobs_admitted", "Jobs first admitted on it"),
     ("avg_first_wait_s", "Their avg first wait (s)"),
 ]
+TEAM_MODEL_COLUMNS = [
+    ("team", "Team"),
+    ("model", "GPU model"),
+    ("gpu_hours", "GPU-hours used"),
+    ("jobs_admitted", "Jobs first admitted on it"),
+    ("avg_first_wait_s", "Their avg first wait (s)"),
+]
 
 
 def write_report(out_dir: Path, summary: Summary, *, title: str) -> None:
@@ -147,6 +154,15 @@ def render_markdown(data: dict[str, Any], *, title: str) -> str:
         lines += markdown_table(
             [label for _, label in MODEL_COLUMNS],
             [[fmt_value(row.get(key)) for key, _ in MODEL_COLUMNS] for row in data["models"]],
+        )
+    if data.get("team_models"):
+        lines += ["", "## GPU models by team", ""]
+        lines += markdown_table(
+            [label for _, label in TEAM_MODEL_COLUMNS],
+            [
+                [fmt_value(row.get(key)) for key, _ in TEAM_MODEL_COLUMNS]
+                for row in data["team_models"]
+            ],
         )
     lines += ["", "## Plots", ""]
     for name, caption in PLOTS.items():
