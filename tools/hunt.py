@@ -1,0 +1,96 @@
+"""Fresh examples for the engine's property checks, in parallel, for as long as you give it.
+
+Each worker draws random seeds; for each seed it runs 60 of the crowded scenarios of
+`tests/test_shortcuts.py` (generated, not shrunk) through every policy with and without the
+speed shortcuts (the decisions must be the same), and through every topology-aware policy with
+the event-log checks and the simulator's audit (every rule, the nominal-deficit bound and the
+per-model keys included). A failing scenario is written to `<out>/fails.txt` with its seed and
+the scenario itself, ready to keep as a regression case (`tests/data/shortcuts_fixed/`,
+`tests/data/audit_fixed/`).
+
+What the test suite does with one fresh seed per run, this does with as many as the machine's
+cores and the minutes allow: the lent GPU machines' 16 cores found the cases kept in
+`tests/data/`. Run: .venv/bin/python tools/hunt.py --seconds 300 --workers 2 --out /tmp/hunt
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _one_seed(s0: int) -> tuple[int, str | None]:
+    """60 fresh examples drawn from seed `s0`: how many ran, and what failed, if anything."""
+    import test_properties as tp
+    import test_shortcuts as ts
+    from hypothesis import Phase, given, seed, settings
+
+    from scheduling.simulator.audit import audit_or_raise
+
+    count, last = [0], [None]
+
+    @seed(s0)
+    @settings(
+        tp.PROPERTY, derandomize=False, database=None, max_examples=60, phases=[Phase.generate]
+    )
+    @given(s=ts.crowded())
+    def check(s: tp.Scenario) -> None:
+        count[0] += 1
+        last[0] = s
+        ts._same_decisions(s)
+        for name in tp.TOPOLOGY_AWARE:
+            result = tp._simulate(s, name)
+            tp._check_log(result.events)
+            audit_or_raise(result.events, s.cluster, s.teams, s.policy(name), s.jobs)
+
+    try:
+        check()
+    except Exception:  # any failure is a finding to report, with its scenario
+        lines = traceback.format_exc().splitlines()
+        said = [ln for ln in lines if "Error" in ln or "differ" in ln or "violation" in ln]
+        return count[0], f"seed {s0}\n" + "\n".join(said)[-3000:] + f"\n{last[0]!r}"
+    return count[0], None
+
+
+def _worker(seconds: float) -> tuple[int, int, list[str]]:
+    """Seeds tried, examples run, and a report per failing seed."""
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+    rng = random.Random(os.urandom(8))
+    end = time.time() + seconds
+    seeds = examples = 0
+    fails: list[str] = []
+    while time.time() < end:
+        ran, failed = _one_seed(rng.getrandbits(32))
+        seeds, examples = seeds + 1, examples + ran
+        if failed is not None:
+            fails.append(failed)
+    return seeds, examples, fails
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=300.0, help="how long each worker draws")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--out", type=Path, default=Path("hunt-out"), help="where fails.txt goes")
+    a = p.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    with mp.Pool(a.workers) as pool:
+        results = pool.map(_worker, [a.seconds] * a.workers)
+    fails = [f for _, _, fs in results for f in fs]
+    (a.out / "fails.txt").write_text("\n=====\n".join(fails) + ("\n" if fails else ""))
+    seeds, examples = sum(r[0] for r in results), sum(r[1] for r in results)
+    print(f"hunt: {a.workers} workers, {seeds} seeds, {examples} examples, {len(fails)} failing")
+    print(f"failing scenarios: {a.out / 'fails.txt'}" if fails else "no failure")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
