@@ -62,3 +62,37 @@ def test_cancel_frees_the_gpus_and_unknown_ids_are_named(store):
     assert store.usage()["vision"].gpus == 0
     res = CliRunner().invoke(app, ["job", "nope"])
     assert res.exit_code == 2 and "no job 'nope'" in res.output
+
+
+def test_usage_shows_each_teams_gpus_per_model_against_its_model_keys(tmp_path, monkeypatch):
+    """On a cluster of two models, with a key for H100s: every team's row for the governed
+    model (a team without a key has a nominal of 0 of it), and the other model where held."""
+    (tmp_path / "cluster.yaml").write_text(
+        "name: two\nnodes:\n"
+        "  - {name: h0, gpus: 4, gpu_model: H100, cpus: 8, memory_gb: 32}\n"
+        "  - {name: a0, gpus: 4, gpu_model: A100, cpus: 8, memory_gb: 32}\n"
+    )
+    (tmp_path / "teams.yaml").write_text(
+        "teams:\n"
+        "  - {name: research, nominal: {gpus: 4, gpus.H100: 2}, borrowing_limit: {gpus.H100: 1}}\n"
+        "  - {name: vision, nominal: {gpus: 4}}\n"
+    )
+    monkeypatch.setenv("BERTH_HOME", str(tmp_path))
+    monkeypatch.setenv("BERTH_CLUSTER", str(tmp_path / "cluster.yaml"))
+    monkeypatch.setenv("BERTH_TEAMS", str(tmp_path / "teams.yaml"))
+    store = settings().store()
+    h100 = parse_spec(_spec("h", "research", 2, 1.0).model_dump() | {"gpu_model": "H100"})
+    a100 = parse_spec(_spec("a", "vision", 1, 2.0).model_dump() | {"gpu_model": "A100"})
+    store.submit(h100, job_id="h-1", now=100.0)
+    store.submit(a100, job_id="a-1", now=100.0)
+    store.schedule(now=101.0)
+    rows = {(u.team, m.model): m for u in store.usage().values() for m in u.models}
+    assert set(rows) == {("research", "H100"), ("vision", "H100"), ("vision", "A100")}
+    assert (rows["research", "H100"].gpus, rows["research", "H100"].nominal) == (2, 2)
+    assert rows["research", "H100"].ceiling == 3
+    assert (rows["vision", "H100"].gpus, rows["vision", "H100"].nominal) == (0, 0)
+    assert rows["vision", "A100"].gpus == 2 and rows["vision", "A100"].nominal is None
+    out = _run("usage")
+    assert "GPU usage by team and model" in out
+    line = next(ln for ln in out.splitlines() if "vision" in ln and "A100" in ln)
+    assert [c.strip() for c in line.split("│") if c.strip()] == ["vision", "A100", "2", "-", "-"]

@@ -11,6 +11,7 @@ Airflow's API server, a token opens the API, no token or a viewer's token to can
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -35,6 +36,7 @@ from waiting import wait_for
 from berth.settings import BerthSettings
 from berth.store import Store
 from berth.store.schema import engine_row
+from berth.store.views import ModelUsage, TeamUsage
 from plugins.berth_api import access, models, source
 from plugins.berth_api.app import create_app
 from scheduling.policy import BERTH
@@ -145,6 +147,7 @@ def test_teams_show_held_borrowed_and_quota(store: Store, client: TestClient) ->
         "stopping_gpus": 0.0,
         "queued": 0,
         "running": 2,
+        "models": [],  # one GPU model, no model keys
     }
     assert rows["b"].ceiling_gpus is None  # unlimited borrowing: null, not infinity
     assert rows["b"].held_gpus == 0.0 and rows["b"].borrowed_gpus == 0.0
@@ -159,6 +162,17 @@ def test_teams_show_held_borrowed_and_quota(store: Store, client: TestClient) ->
         assert rows[name].held_gpus == u.gpus and rows[name].queued == u.queued
         assert rows[name].running == u.running
     assert (rows["b"].held_gpus, rows["b"].queued, rows["b"].running) == (2.5, 2, 2)
+
+
+def test_a_team_shows_its_gpus_per_model_with_null_for_no_key_or_no_limit() -> None:
+    u = TeamUsage(
+        "a", 6.0, 8.0, 12.0, 0.0, 0, 2,
+        models=(ModelUsage("H100", 4.0, 4.0, math.inf), ModelUsage("A100", 2.0, None, None)),
+    )  # fmt: skip
+    assert [m.model_dump() for m in models.Team.of(u).models] == [
+        {"model": "H100", "held_gpus": 4.0, "nominal_gpus": 4.0, "ceiling_gpus": None},
+        {"model": "A100", "held_gpus": 2.0, "nominal_gpus": None, "ceiling_gpus": None},
+    ]
 
 
 def test_the_queue_gives_reason_position_since_when_and_eta(

@@ -139,6 +139,21 @@ def usage() -> None:
             str(u.queued),
         )
     out.print(table)
+    rows = [(u.team, m) for u in store.usage().values() for m in u.models]
+    if rows:  # a cluster of several GPU models, or teams with `gpus.<MODEL>` keys
+        by_model = Table(title="GPU usage by team and model")
+        for col in ("team", "model", "GPUs held", "nominal", "ceiling"):
+            by_model.add_column(col, justify="left" if col in ("team", "model") else "right")
+        for team, m in rows:
+            no_key = "-"  # no team declares the model: any team uses it within its gpus
+            by_model.add_row(
+                team,
+                m.model,
+                f"{m.gpus:g}",
+                no_key if m.nominal is None else f"{m.nominal:g}",
+                no_key if m.ceiling is None else f"{m.ceiling:g}",
+            )
+        out.print(by_model)
 
 
 def cancel(job_id: Annotated[str, typer.Argument(help="the job's id")]) -> None:

@@ -66,15 +66,17 @@ from berth.store.views import (
     Event,
     JobStateError,
     JobStatus,
+    ModelUsage,
     TeamUsage,
     UnsupportedPolicyError,
     status_from_row,
 )
 from berth.store.wakeup import listen
 from scheduling.cluster import Cluster
+from scheduling.models import model_gpus
 from scheduling.policy import Policy, foreign_strategies, get_policy
-from scheduling.quota import Team
-from scheduling.resources import Resources
+from scheduling.quota import Team, model_quotas
+from scheduling.resources import GPU_UNIT, UNLIMITED, Resources
 
 DEFAULT_LEASE_S = 300.0  # a worker silent this long is presumed dead (reap)
 
@@ -399,20 +401,27 @@ class Store:
 
     def usage(self) -> dict[str, TeamUsage]:
         """Per team: GPUs held by admitted and running jobs against nominal and ceiling."""
-        q = select(jobs.c.team, jobs.c.state, jobs.c.gpu, jobs.c.replicas).where(
+        q = select(jobs.c.team, jobs.c.state, jobs.c.gpu, jobs.c.replicas, jobs.c.placement).where(
             jobs.c.state.in_(LIVE)
         )
         held: dict[str, int] = dict.fromkeys(self.teams, 0)
         stopping = dict(held)
         queued = dict(held)
         running = dict(held)
+        cluster = self.cluster
+        model_of = {n.name: n.gpu_model for n in cluster.nodes}
+        by_model: dict[tuple[str, str], int] = {}
         with reading(self.engine) as conn:
-            for team, state, gpu, replicas in conn.execute(q):
+            for team, state, gpu, replicas, placement in conn.execute(q):
                 if team not in held:
                     continue
                 if state in HOLDING:
                     held[team] += gpu * replicas
                     running[team] += 1
+                    for rep in placement or ():
+                        key = (team, model_of.get(rep["node"], "?"))
+                        got = rep.get("share") or GPU_UNIT * len(rep["gpus"])
+                        by_model[key] = by_model.get(key, 0) + got
                 elif state == PREEMPTING:
                     stopping[team] += gpu * replicas
                 else:
@@ -426,9 +435,35 @@ class Store:
                 stopping_gpus=stopping[name] / 1000,
                 queued=queued[name],
                 running=running[name],
+                models=_model_usage(name, by_model, self.teams, cluster),
             )
             for name, t in self.teams.items()
         }
+
+
+def _model_usage(
+    team: str, by_model: dict[tuple[str, str], int], teams: dict[str, Team], cluster: Cluster
+) -> tuple[ModelUsage, ...]:
+    """The team's rows of `Store.usage` per GPU model (`TeamUsage.models`)."""
+    quotas, _ = model_quotas(teams, model_gpus(cluster))
+    if len(cluster.models) < 2 and not quotas:
+        return ()
+    governed = quotas.get(team, {})
+    rows = []
+    for model in cluster.models:
+        gpus = by_model.get((team, model), 0)
+        q = governed.get(model)
+        if q is None and not gpus:
+            continue
+        rows.append(
+            ModelUsage(
+                model=model,
+                gpus=gpus / GPU_UNIT,
+                nominal=None if q is None else q.nominal / GPU_UNIT,
+                ceiling=None if q is None else _gpus(min(q.ceiling, UNLIMITED)),
+            )
+        )
+    return tuple(rows)
 
 
 def _now(now: float | None) -> float:

@@ -102,6 +102,17 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelUsage:
+    """A team's GPUs of one model held by its admitted and running jobs, and its quota of
+    the model where some team declares a `gpus.<MODEL>` key for it (decision 0022)."""
+
+    model: str
+    gpus: float
+    nominal: float | None  # None: no team declares the model (any team uses it within gpus)
+    ceiling: float | None  # nominal + borrowing limit; inf when unlimited
+
+
+@dataclass(frozen=True, slots=True)
 class TeamUsage:
     """A team's GPUs held (admitted and running jobs) against its quota, and its queue."""
 
@@ -112,6 +123,9 @@ class TeamUsage:
     stopping_gpus: float  # of preempted jobs whose replicas are still being stopped
     queued: int
     running: int
+    # Per GPU model, on a cluster of several models or where a team declares model keys: the
+    # governed models always, the others where the team holds some.
+    models: tuple[ModelUsage, ...] = ()
 
     @property
     def borrowed(self) -> float:

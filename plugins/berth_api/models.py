@@ -40,6 +40,21 @@ class Reason(BaseModel):
         )
 
 
+class TeamModel(BaseModel):
+    """A team's GPUs of one GPU model, against its `gpus.<MODEL>` key where some team
+    declares one for the model (decision 0022)."""
+
+    model: str = Field(description="the GPU model, as the cluster names it")
+    held_gpus: float = Field(description="GPUs of this model its admitted and running jobs hold")
+    nominal_gpus: float | None = Field(
+        description="its nominal of the model; null: no team declares the model (any team "
+        "uses it within its gpus)"
+    )
+    ceiling_gpus: float | None = Field(
+        description="nominal + borrowing limit of the model; null: no key, or no limit"
+    )
+
+
 class Team(BaseModel):
     """A team's GPUs against its quota, and its jobs.
 
@@ -56,6 +71,10 @@ class Team(BaseModel):
     stopping_gpus: float = Field(description="GPUs of its preempted jobs still stopping")
     queued: int = Field(description="jobs waiting in its queue")
     running: int = Field(description="jobs admitted or running (holding GPUs)")
+    models: list[TeamModel] = Field(
+        default_factory=list,
+        description="per GPU model, on a cluster of several models or with model keys",
+    )
 
     @classmethod
     def of(cls, u: TeamUsage) -> Team:
@@ -68,6 +87,15 @@ class Team(BaseModel):
             stopping_gpus=u.stopping_gpus,
             queued=u.queued,
             running=u.running,
+            models=[
+                TeamModel(
+                    model=m.model,
+                    held_gpus=m.gpus,
+                    nominal_gpus=m.nominal,
+                    ceiling_gpus=None if m.ceiling is None else _finite(m.ceiling),
+                )
+                for m in u.models
+            ],
         )
 
 
