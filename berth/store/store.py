@@ -66,17 +66,17 @@ from berth.store.views import (
     Event,
     JobStateError,
     JobStatus,
-    ModelUsage,
     TeamUsage,
     UnsupportedPolicyError,
+    gpus_of,
+    model_rows,
     status_from_row,
 )
 from berth.store.wakeup import listen
 from scheduling.cluster import Cluster
-from scheduling.models import model_gpus
 from scheduling.policy import Policy, foreign_strategies, get_policy
-from scheduling.quota import Team, model_quotas
-from scheduling.resources import GPU_UNIT, UNLIMITED, Resources
+from scheduling.quota import Team
+from scheduling.resources import GPU_UNIT, Resources
 
 DEFAULT_LEASE_S = 300.0  # a worker silent this long is presumed dead (reap)
 
@@ -430,48 +430,19 @@ class Store:
             name: TeamUsage(
                 team=name,
                 gpus=held[name] / 1000,
-                nominal=_gpus(t.nominal.gpu),
-                ceiling=_gpus(t.ceiling.gpu),
+                nominal=gpus_of(t.nominal.gpu),
+                ceiling=gpus_of(t.ceiling.gpu),
                 stopping_gpus=stopping[name] / 1000,
                 queued=queued[name],
                 running=running[name],
-                models=_model_usage(name, by_model, self.teams, cluster),
+                models=model_rows(name, by_model, self.teams, cluster),
             )
             for name, t in self.teams.items()
         }
 
 
-def _model_usage(
-    team: str, by_model: dict[tuple[str, str], int], teams: dict[str, Team], cluster: Cluster
-) -> tuple[ModelUsage, ...]:
-    """The team's rows of `Store.usage` per GPU model (`TeamUsage.models`)."""
-    quotas, _ = model_quotas(teams, model_gpus(cluster))
-    if len(cluster.models) < 2 and not quotas:
-        return ()
-    governed = quotas.get(team, {})
-    rows = []
-    for model in cluster.models:
-        gpus = by_model.get((team, model), 0)
-        q = governed.get(model)
-        if q is None and not gpus:
-            continue
-        rows.append(
-            ModelUsage(
-                model=model,
-                gpus=gpus / GPU_UNIT,
-                nominal=None if q is None else q.nominal / GPU_UNIT,
-                ceiling=None if q is None else _gpus(min(q.ceiling, UNLIMITED)),
-            )
-        )
-    return tuple(rows)
-
-
 def _now(now: float | None) -> float:
     return time.time() if now is None else float(now)
-
-
-def _gpus(milli: int) -> float:
-    return Resources(milli).as_units()["gpus"]
 
 
 def _find(conn: Connection, job_id: str) -> Mapping[str, Any] | None:

@@ -12,6 +12,10 @@ from typing import Any
 
 from berth.spec import JobSpec
 from berth.store.schema import TERMINAL
+from scheduling.cluster import Cluster
+from scheduling.models import model_gpus
+from scheduling.quota import Team, model_quotas
+from scheduling.resources import GPU_UNIT, UNLIMITED, Resources
 
 
 class StoreError(RuntimeError):
@@ -186,3 +190,37 @@ def status_from_row(row: Mapping[str, Any], position: int | None = None) -> JobS
         finished_at=row["finished_at"],
         not_before=row["not_before"],
     )
+
+
+def model_rows(
+    team: str,
+    by_model: Mapping[tuple[str, str], int],
+    teams: Mapping[str, Team],
+    cluster: Cluster,
+) -> tuple[ModelUsage, ...]:
+    """The team's rows of `Store.usage` per GPU model (`TeamUsage.models`), from the GPUs
+    (milli) each (team, model) holds."""
+    quotas, _ = model_quotas(teams, model_gpus(cluster))
+    if len(cluster.models) < 2 and not quotas:
+        return ()
+    governed = quotas.get(team, {})
+    rows = []
+    for model in cluster.models:
+        gpus = by_model.get((team, model), 0)
+        q = governed.get(model)
+        if q is None and not gpus:
+            continue
+        rows.append(
+            ModelUsage(
+                model=model,
+                gpus=gpus / GPU_UNIT,
+                nominal=None if q is None else q.nominal / GPU_UNIT,
+                ceiling=None if q is None else gpus_of(min(q.ceiling, UNLIMITED)),
+            )
+        )
+    return tuple(rows)
+
+
+def gpus_of(milli: int) -> float:
+    """GPUs from milli-GPUs: inf for UNLIMITED."""
+    return Resources(milli).as_units()["gpus"]
