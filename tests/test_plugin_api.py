@@ -421,6 +421,28 @@ def test_metrics_parse_and_match_the_store(
     assert scrape(client)["berth_etas_timestamp_seconds", ()] == 40.0
 
 
+def test_model_keys_are_quota_metrics_named_as_teams_yaml_names_them() -> None:
+    from plugins.berth_api.metrics import _quotas
+
+    u = TeamUsage(
+        "a", 6.0, 8.0, 12.0, 0.0, 0, 2,
+        models=(ModelUsage("H100", 5.0, 4.0, 6.0), ModelUsage("A100", 1.0, None, None)),
+    )  # fmt: skip
+    samples = {
+        (family.name, s.labels["resource"]): s.value
+        for family in _quotas([u])
+        for s in family.samples
+        if s.labels["team"] == "a" and s.labels["resource"] != "gpus"
+    }
+    assert samples == {
+        ("berth_team_resource_usage", "gpus.H100"): 5.0,
+        ("berth_team_nominal_quota", "gpus.H100"): 4.0,
+        ("berth_team_borrowing_limit", "gpus.H100"): 2.0,
+        ("berth_team_resource_borrowed", "gpus.H100"): 1.0,
+        ("berth_team_resource_usage", "gpus.A100"): 1.0,  # no key for A100: held only
+    }
+
+
 def test_the_grafana_dashboard_queries_only_what_the_plugin_exports(
     store: Store, history: History, client: TestClient
 ) -> None:

@@ -137,6 +137,17 @@ def _quotas(usage: list[TeamUsage]) -> Iterator[Metric]:
             nominal.add_metric(key, u.nominal)
             if math.isfinite(u.ceiling):
                 borrowing.add_metric(key, u.ceiling - u.nominal)
+        # Per GPU model, the resource named as teams.yaml names its key (`gpus.H100`), as
+        # Kueue labels its quota metrics by flavor; a model no team has a key for: held only.
+        for m in u.models:
+            key = [u.team, f"{GPUS}.{m.model}"]
+            held.add_metric(key, m.gpus)
+            if m.nominal is None:
+                continue
+            nominal.add_metric(key, m.nominal)
+            borrowed.add_metric(key, max(0.0, m.gpus - m.nominal))
+            if m.ceiling is not None and math.isfinite(m.ceiling):
+                borrowing.add_metric(key, m.ceiling - m.nominal)
     yield from (held, nominal, borrowing, borrowed)
 
 
