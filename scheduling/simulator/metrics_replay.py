@@ -272,8 +272,9 @@ class Replay:
         """Count (sign 1) or uncount (-1) the GPUs of an admitted job's allocation per model."""
         for model, gpus in job.by_model.items():
             self.model_alloc[model] = self.model_alloc.get(model, 0.0) + sign * gpus
-            key = (job.team, model)
-            self.team_model_alloc[key] = self.team_model_alloc.get(key, 0.0) + sign * gpus
+            if self.model_of:  # per team too, where the summary has rows per model
+                key = (job.team, model)
+                self.team_model_alloc[key] = self.team_model_alloc.get(key, 0.0) + sign * gpus
 
     def close(self) -> None:
         """Close each team's step function at the last event, for the integrals."""
