@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, func, select, update
+from sqlalchemy import Connection, func, null, select, update
 
 from berth.spec import JobSpec, check_spec
 from berth.store import etas, launch_claim, lifecycle
@@ -401,14 +401,17 @@ class Store:
 
     def usage(self) -> dict[str, TeamUsage]:
         """Per team: GPUs held by admitted and running jobs against nominal and ceiling."""
-        q = select(jobs.c.team, jobs.c.state, jobs.c.gpu, jobs.c.replicas, jobs.c.placement).where(
+        cluster = self.cluster
+        # Placements are read (JSON, one per running job) only where rows per model are shown.
+        per_model = len(cluster.models) > 1 or any(t.models for t in self.teams.values())
+        placement = jobs.c.placement if per_model else null().label("placement")
+        q = select(jobs.c.team, jobs.c.state, jobs.c.gpu, jobs.c.replicas, placement).where(
             jobs.c.state.in_(LIVE)
         )
         held: dict[str, int] = dict.fromkeys(self.teams, 0)
         stopping = dict(held)
         queued = dict(held)
         running = dict(held)
-        cluster = self.cluster
         model_of = {n.name: n.gpu_model for n in cluster.nodes}
         by_model: dict[tuple[str, str], int] = {}
         with reading(self.engine) as conn:
