@@ -261,7 +261,7 @@ class Cycle:
                 return Status.FITS, None
             # The models its team's keys leave it have no room, while a model it lent does
             # once that model's borrowers go: it takes that model back first.
-            if self.model_quotas and self._model_reclaim(pending, candidates):
+            if self.model_quotas and self._try_model_reclaim(pending, candidates):
                 return Status.PREEMPTS, None
         else:
             reason = reasons.quota(job.team, problem.resource, problem.limit)
@@ -545,12 +545,12 @@ class Cycle:
         """A job that waits on a model's key: within its team's nominal of a model that
         another team borrows, it may take it back (scheduling/model_reclaim.py), after its
         preemption delay, within the guards until its reclaim deadline."""
-        found = self._model_reclaim(pending, candidates)
+        found = self._try_model_reclaim(pending, candidates)
         if found is None:
             return Status.BLOCKED, reason
         return (Status.PREEMPTS, None) if found else (Status.NEEDS_PREEMPTION, reason)
 
-    def _model_reclaim(self, pending: Pending, candidates: Candidates) -> bool | None:
+    def _try_model_reclaim(self, pending: Pending, candidates: Candidates) -> bool | None:
         """`_reclaim_model`'s search: True if the job was admitted with its victims, False if
         it may reclaim a model but not now (the wake-ups asked for), None if it may not."""
         job = pending.job

@@ -74,8 +74,9 @@ from berth.store.views import (
 )
 from berth.store.wakeup import listen
 from scheduling.cluster import Cluster
+from scheduling.models import model_gpus
 from scheduling.policy import Policy, foreign_strategies, get_policy
-from scheduling.quota import Team
+from scheduling.quota import Team, model_quotas
 from scheduling.resources import GPU_UNIT, Resources
 
 DEFAULT_LEASE_S = 300.0  # a worker silent this long is presumed dead (reap)
@@ -402,8 +403,10 @@ class Store:
     def usage(self) -> dict[str, TeamUsage]:
         """Per team: GPUs held by admitted and running jobs against nominal and ceiling."""
         cluster = self.cluster
-        # Placements are read (JSON, one per running job) only where rows per model are shown.
-        per_model = len(cluster.models) > 1 or any(t.models for t in self.teams.values())
+        # Rows per model on a cluster of several models or where teams declare model keys;
+        # only then are the placements read (JSON, one per running job).
+        quotas, _ = model_quotas(self.teams, model_gpus(cluster))
+        per_model = len(cluster.models) > 1 or bool(quotas)
         placement = jobs.c.placement if per_model else null().label("placement")
         q = select(jobs.c.team, jobs.c.state, jobs.c.gpu, jobs.c.replicas, placement).where(
             jobs.c.state.in_(LIVE)
@@ -438,7 +441,9 @@ class Store:
                 stopping_gpus=stopping[name] / 1000,
                 queued=queued[name],
                 running=running[name],
-                models=model_rows(name, by_model, self.teams, cluster),
+                models=model_rows(name, by_model, quotas.get(name, {}), cluster)
+                if per_model
+                else (),
             )
             for name, t in self.teams.items()
         }

@@ -13,8 +13,7 @@ from typing import Any
 from berth.spec import JobSpec
 from berth.store.schema import TERMINAL
 from scheduling.cluster import Cluster
-from scheduling.models import model_gpus
-from scheduling.quota import Team, model_quotas
+from scheduling.quota import ModelQuota
 from scheduling.resources import GPU_UNIT, UNLIMITED, Resources
 
 
@@ -195,15 +194,12 @@ def status_from_row(row: Mapping[str, Any], position: int | None = None) -> JobS
 def model_rows(
     team: str,
     by_model: Mapping[tuple[str, str], int],
-    teams: Mapping[str, Team],
+    governed: Mapping[str, ModelQuota],
     cluster: Cluster,
 ) -> tuple[ModelUsage, ...]:
     """The team's rows of `Store.usage` per GPU model (`TeamUsage.models`), from the GPUs
-    (milli) each (team, model) holds."""
-    quotas, _ = model_quotas(teams, model_gpus(cluster))
-    if len(cluster.models) < 2 and not quotas:
-        return ()
-    governed = quotas.get(team, {})
+    (milli) each (team, model) holds and its quotas of the governed models
+    (`quota.model_quotas`)."""
     rows = []
     for model in cluster.models:
         gpus = by_model.get((team, model), 0)
