@@ -35,8 +35,9 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a file
 
 from bench.common import RESULTS, code_version, console_for_tables, machine
-from scheduling.eta import RunTimes, estimate_starts
+from scheduling.eta import estimate_starts
 from scheduling.policy import BERTH
+from scheduling.run_times import RunTimes
 from scheduling.simulator.philly import import_philly
 from scheduling.simulator.sim import simulate
 from scheduling.simulator.trace import load_trace

@@ -41,6 +41,7 @@ from scheduling.decisions import (
     Status,
 )
 from scheduling.jobs import Job, Pending, Placement, Running
+from scheduling.model_choice import FasterModel, ModelChoice
 from scheduling.model_quotas import ModelQuotaPlacer
 from scheduling.model_reclaim import next_victim_at, plan_model_reclaim, reclaimable_models
 from scheduling.models import gpus_by_model
@@ -116,6 +117,12 @@ class Cycle:
         )
         self.within_models = ModelQuotaPlacer(self.quota, snap.cluster, policy.placement)
         self.place = self.within_models if self.model_quotas else policy.placement
+        self.waits_for: dict[str, FasterModel] = {}  # jobs waiting for a faster model
+        self.model_choice = (
+            ModelChoice(snap, snap.run_times)
+            if policy.expected_finish_models and snap.run_times is not None
+            else None
+        )
         self.stopped_by: PendingReason | None = None
         self.suspended: set[str] = set()  # reservations whose holder is blocked by quota
         self.shadows = Shadows(snap)  # when each reservation's nodes drain (EASY backfill)
@@ -207,6 +214,8 @@ class Cycle:
             if self.fast:
                 self.failed[(job.team, pending.klass)] = reason
                 candidates.close_class(job.team, pending.klass)
+                if reason.code == Reason.FASTER_MODEL:
+                    self._claim_for_mates(pending)
                 on_quota = reason.code == Reason.QUOTA
                 may_preempt = status is Status.NEEDS_PREEMPTION
                 if may_preempt or not on_quota:  # else its mates owe nothing: most classes
@@ -259,6 +268,8 @@ class Cycle:
             reason = self.policy.gangs.bind(self, job)
             if reason is None:
                 return Status.FITS, None
+            if reason.code == Reason.FASTER_MODEL:
+                return Status.BLOCKED, reason  # it could run now: it chose to wait
             # The models its team's keys leave it have no room, while a model it lent does
             # once that model's borrowers go: it takes that model back first.
             if self.model_quotas and self._try_model_reclaim(pending, candidates):
@@ -278,6 +289,19 @@ class Cycle:
         elif problem is not None and allowed_at is not None and self._reclaims(job):
             return status, self._reclaim_reason(job, problem, allowed_at)
         return status, reason
+
+    def _claim_for_mates(self, pending: Pending) -> None:
+        """The class closed on waiting for a faster model: its other jobs wait for it too
+        (`scheduling/model_choice.py`), and claim its GPUs as examining each would."""
+        assert self.model_choice is not None
+        queue = self.snap.queues[pending.job.team][pending.klass]
+        mates = sum(
+            1
+            for mate in queue.islice(queue.index(pending) + 1)
+            if mate.job.id not in self.admitted_ids and mate.not_before <= self.now
+        )
+        if mates:
+            self.model_choice.claim(pending, self.waits_for[pending.job.id], mates)
 
     def _nominated(self, job: Job, status: Status, reason: PendingReason | None = None) -> None:
         self.result.nominations.append(Nomination(job.id, job.team, status, reason))
@@ -413,6 +437,15 @@ class Cycle:
             return self.no_room[key]
         placement = self._place(job, opened)
         if placement is not None:
+            if self.model_choice is not None and not own_reservation:
+                pending = self.snap.pending[job.id]
+                choice = self.model_choice.faster(self.cap, pending, placement, models)
+                if choice is not None:
+                    self.model_choice.claim(pending, choice)
+                    self.waits_for[job.id] = choice
+                    self.wake(choice.until)  # then it takes the slower model
+                    self.result.estimates_move = True
+                    return reasons.faster_model(choice)
             self._admit(job, placement)
             return None
         reason = reasons.no_placement(job)

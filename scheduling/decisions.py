@@ -17,6 +17,8 @@ class Reason(StrEnum):
     NO_PLACEMENT = "no_placement"  # quota fits, but no domain at the required level has room
     BEHIND = "behind_higher_priority"  # a job ahead of it must go first (strict order)
     BACKOFF = "backoff"  # requeued after a gang timeout; waits before trying again
+    # it has room now on a slower GPU model, and is expected to finish sooner on a faster one
+    FASTER_MODEL = "faster_model"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +116,16 @@ class CycleResult:
     # A job waited only for this instant to pass (a team that lost a job now admits none of
     # lower priority now): a cycle at any later time may decide otherwise, before next_wakeup.
     until_next_instant: bool = False
+    # A job chose to wait for a faster GPU model on estimates that move with the clock (the
+    # running jobs' expected ends, `scheduling/model_choice.py`): likewise.
+    estimates_move: bool = False
 
     def settles(self, job: Job) -> bool:
         """True when a cycle run now, with `job` newly queued and no other change, would
         decide nothing: this one changed nothing, and its class failed (a new member queues
         behind the one that failed) or its team's queue was closed. Time-driven changes come
         as next_wakeup, or right after this instant (`until_next_instant`)."""
-        if not self.fixed_point or self.until_next_instant:
+        if not self.fixed_point or self.until_next_instant or self.estimates_move:
             return False
         return (job.team, job.shape) in self.by_shape or job.team in self.tail
 

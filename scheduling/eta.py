@@ -14,24 +14,18 @@ How far off it is on replayed traces: `bench/eta_error.py`.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
-import statistics
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from scheduling.cycle import schedule
 from scheduling.jobs import Job
+from scheduling.run_times import RunTimes
 from scheduling.state import EngineState
 
 LIMITS = "limits"
 ESTIMATE = "estimate"
-# A running job that has outlived every run seen is taken to run as long again as it has (for
-# heavy-tailed run times, about the median of what is left, given its age); without any
-# history, at least this long, as is a new job.
-DEFAULT_RUN_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,53 +34,6 @@ class Eta:
 
     at: float
     basis: str
-
-
-class RunTimes:
-    """Each team's recent run times (seconds of finished runs), for jobs without a limit.
-
-    The last `window` runs of each team, sorted: how long a job runs on is the median of its
-    team's runs that lasted longer than it has run so far, less what it has run (the median
-    residual life), and a new job's run the median of them all. A team without history
-    borrows the whole cluster's."""
-
-    def __init__(self, window: int = 500) -> None:
-        self.window = window
-        self._recent: dict[str, deque[float]] = {}
-        self._sorted: dict[str, list[float]] = {}
-        self._all: list[float] = []
-        self._all_recent: deque[float] = deque()
-
-    def add(self, team: str, seconds: float) -> None:
-        if not (math.isfinite(seconds) and seconds >= 0):
-            return
-        recent = self._recent.setdefault(team, deque())
-        runs = self._sorted.setdefault(team, [])
-        _push(recent, runs, seconds, self.window)
-        _push(self._all_recent, self._all, seconds, self.window * 4)
-
-    def remaining(self, team: str, elapsed: float) -> float:
-        """How much longer a run of the team that has lasted `elapsed` seconds will last."""
-        for runs in (self._sorted.get(team) or (), self._all):
-            i = bisect.bisect_right(runs, elapsed)
-            if i < len(runs):
-                return statistics.fmean(runs[i:]) - elapsed
-        if self._all:
-            return elapsed  # longer than any run seen: as long again
-        return max(elapsed, DEFAULT_RUN_S)
-
-    def typical(self, team: str) -> float:
-        """How long a new run of the team lasts: the median of its runs."""
-        runs = self._sorted.get(team) or self._all
-        return statistics.fmean(runs) if runs else DEFAULT_RUN_S
-
-
-def _push(recent: deque[float], runs: list[float], seconds: float, window: int) -> None:
-    recent.append(seconds)
-    bisect.insort(runs, seconds)
-    if len(recent) > window:
-        old = recent.popleft()
-        del runs[bisect.bisect_left(runs, old)]
 
 
 def estimate_starts(

@@ -77,6 +77,11 @@ class Policy:
     # ClusterQueue's nominal, which also keeps its reclaim from ping-ponging with priority
     # preemption (a team preempting its own jobs to borrow, reclaimed at once, again).
     preempts_beyond_nominal: bool = True
+    # A job that accepts several GPU models and has room now only on a slower one than it
+    # could use waits for a faster one where it is expected to finish sooner there, bounded by
+    # what that saves it (`scheduling/model_choice.py`). False: it takes the fastest model
+    # with room now. Needs the run times the snapshot carries (`Snapshot.run_times`).
+    expected_finish_models: bool = False
 
     @property
     def reclaim_bound_s(self) -> float:
@@ -113,6 +118,9 @@ POLICIES: dict[str, Policy] = {
             name="berth-listed-models",
             placement=replace(TOPOLOGY, name="topology_listed_models", fastest_model_first=False),
         ),
+        # Where a job accepting several GPU models is expected to finish first, not the
+        # fastest with room now (docs/decisions/0022).
+        replace(BERTH, name="berth-expected-finish", expected_finish_models=True),
         # The other end of the trade-off (docs/decisions/0003, "Kueue's victim rule"): a
         # lender's reclaim at once, its guards lifted after 10 min, and Kueue's victim rule.
         replace(

@@ -21,6 +21,8 @@ the one that runs.
                                # its nominal (the berth-quick-reclaim policy)
     preempts_beyond_nominal: true  # false: Kueue without borrowWithinCohort, a job bigger
                                # than its team's nominal never preempts
+    expected_finish_models: false  # true: a job that accepts several GPU models waits for a
+                               # faster one where it is expected to finish sooner there
 
 Team weights for fair sharing live with the quotas, in teams.yaml (`weight`).
 """
@@ -65,6 +67,7 @@ class PolicyFile(BaseModel):
     checkpoint_aware: bool | None = None
     victim_keeps_nominal: bool | None = None
     preempts_beyond_nominal: bool | None = None
+    expected_finish_models: bool | None = None
 
     @field_validator("base")
     @classmethod

@@ -15,6 +15,7 @@ from functools import lru_cache
 from scheduling.cluster import CLUSTER, GPU_GROUP, NODE
 from scheduling.decisions import PendingReason, Reason
 from scheduling.jobs import Job, Running
+from scheduling.model_choice import FasterModel
 from scheduling.placement import max_level
 from scheduling.quota import QuotaProblem, Team
 from scheduling.resources import Resources, fmt_gpus
@@ -90,3 +91,23 @@ def behind_reservations(
         msg += f", which drain by t={drained:g}: with a time_limit_s of at most {most:g} s it"
         msg += " could use them now"
     return PendingReason(reason.code, msg, level=reason.level, resource=reason.resource)
+
+
+def faster_model(choice: FasterModel) -> PendingReason:
+    """A job with room now on a slower GPU model, waiting for a faster one (`model_choice`).
+    Worded without the job's own clock: its class-mates share the reason."""
+    msg = (
+        f"room now on {choice.slower}, but expected to finish sooner on {choice.model}: its "
+        f"GPUs expected free in {_span(choice.wait_s)}, a run of about {_span(choice.run_s)} "
+        f"there against {_span(choice.slower_run_s)} on {choice.slower}; it takes "
+        f"{choice.slower} once it has waited what {choice.model} would save it"
+    )
+    return PendingReason(Reason.FASTER_MODEL, msg)
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

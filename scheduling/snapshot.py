@@ -19,6 +19,7 @@ from scheduling.cluster import Cluster
 from scheduling.decisions import Reservation
 from scheduling.jobs import RESTARTED, Hold, Pending, Running
 from scheduling.quota import QuotaLedger, Team
+from scheduling.run_times import RunTimes
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class Snapshot:
     # Per team, when it last lost a job to preemption and the highest priority it lost then: a
     # cycle at that same instant admits none of its lower-priority jobs (no inversion).
     last_preempted: Mapping[str, tuple[float, int]] = field(default_factory=dict)
+    # Each team's recent run times, for what the cycle must guess (the choice between GPU
+    # models, `Policy.expected_finish_models`); None: none known.
+    run_times: RunTimes | None = None
 
     def position(self, pending: Pending, within: Callable[[Pending], tuple] | None = None) -> int:
         """1-based position of a job in its team's queue (all its classes merged), in the

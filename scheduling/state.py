@@ -23,6 +23,7 @@ from scheduling.jobs import RESTARTED, Hold, Job, Pending, Placement, Running, c
 from scheduling.models import gpus_by_model, model_gpus
 from scheduling.policy import Policy
 from scheduling.quota import QuotaLedger, Team
+from scheduling.run_times import RunTimes
 from scheduling.snapshot import Snapshot
 
 
@@ -66,6 +67,9 @@ class EngineState:
         self.reservations: dict[str, Reservation] = {}
         self.preemptions: dict[str, int] = {}  # job -> times preempted so far
         self.last_preempted: dict[str, tuple[float, int]] = {}  # team -> (when, top priority)
+        # Finished runs' times, where the policy reads them (its choice between GPU models):
+        # whoever runs the state feeds them (the simulator, the store's loop).
+        self.run_times: RunTimes | None = None
         self._origin: dict[str, Pending] = {}  # queue entries of running jobs: a preempted job
         self._seq = 0  # goes back to its old place
 
@@ -185,6 +189,7 @@ class EngineState:
         new.preemptions = dict(self.preemptions)
         new.reservations = dict(self.reservations)
         new.last_preempted = dict(self.last_preempted)
+        new.run_times = self.run_times  # read only by cycles: shared
         return new
 
     def _check_new(self, job: Job) -> None:
@@ -212,6 +217,7 @@ class EngineState:
             holds=self.holds,
             reservations=self.reservations,
             last_preempted=self.last_preempted,
+            run_times=self.run_times,
         )
 
     def apply(self, result: CycleResult) -> None:

@@ -16,9 +16,10 @@ from hypothesis import given, note, settings
 from test_properties import EXAMPLES, PROPERTY, Scenario, scenarios
 
 from scheduling.config import DEFAULT_SLOWDOWN, parse_cluster, parse_teams
-from scheduling.eta import DEFAULT_RUN_S, ESTIMATE, LIMITS, RunTimes, estimate_starts
+from scheduling.eta import ESTIMATE, LIMITS, estimate_starts
 from scheduling.jobs import Job
 from scheduling.policy import BERTH
+from scheduling.run_times import DEFAULT_RUN_S, RunTimes
 from scheduling.simulator.sim import simulate
 from scheduling.state import EngineState
 

@@ -14,11 +14,12 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import Engine, delete, insert, select
 
 from berth.store.database import reading
 from berth.store.schema import attempts, etas, jobs
-from scheduling.eta import RunTimes, estimate_starts
+from scheduling.eta import estimate_starts
+from scheduling.run_times import RunTimes
 
 if TYPE_CHECKING:
     from berth.store.store import Store
@@ -38,7 +39,7 @@ class StoredEta:
     computed_at: float
 
 
-def run_times(store: Store) -> RunTimes:
+def run_times(engine: Engine, teams: Collection[str]) -> RunTimes:
     """Each team's run times from the attempts that ran to an end (finished or failed; not
     preempted, cancelled or lost: those were cut short): the cluster's last `HISTORY` per team
     at most, read newest first with a bound, so a refresh every 30 s does not read all history."""
@@ -49,9 +50,9 @@ def run_times(store: Store) -> RunTimes:
         .where(attempts.c.outcome.in_(("succeeded", "failed")))
         .where(attempts.c.started_at.is_not(None), attempts.c.ended_at.is_not(None))
         .order_by(attempts.c.ended_at.desc())
-        .limit(HISTORY * max(1, len(store.teams)))
+        .limit(HISTORY * max(1, len(teams)))
     )
-    with reading(store.engine) as conn:
+    with reading(engine) as conn:
         rows = conn.execute(q).all()
     for team, started, ended in reversed(rows):  # oldest first: the window keeps the last
         learned.add(team, ended - started)
@@ -62,7 +63,7 @@ def refresh(store: Store, state: EngineState, now: float) -> int:
     """Estimate the start of every job waiting in `state` (a copy of the engine's: it is run
     forward) and replace the table; returns how many got one."""
     found = estimate_starts(
-        state, now, run_times(store), horizon_s=HORIZON_S, max_cycles=MAX_CYCLES
+        state, now, run_times(store.engine, store.teams), horizon_s=HORIZON_S, max_cycles=MAX_CYCLES
     )
     rows = [
         {"job_id": job_id, "at": eta.at, "basis": eta.basis, "computed_at": now}

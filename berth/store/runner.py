@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine, select
 
+from berth.store import etas
 from berth.store.apply import commit, conflicts, decide, explain
 from berth.store.database import locked, reading, snapshot
 from berth.store.lease import Lease
@@ -28,6 +29,7 @@ from berth.store.mirror import GapError, Mirror, News
 from berth.store.schema import engine_row
 from berth.store.views import CycleReport
 from scheduling.policy import Policy
+from scheduling.run_times import RunTimes
 from scheduling.state import EngineState
 
 if TYPE_CHECKING:
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
 # Cycles decided outside the lock that found a job they decided about changed meanwhile are
 # decided again; after this many, the next is decided under the lock, so a cycle always ends.
 OPTIMISTIC_TRIES = 2
+# How often a policy that reads run times (`Policy.expected_finish_models`) learns them again
+# from the finished attempts: a query per cycle would cost more than the estimate changes.
+RUN_TIMES_EVERY_S = 60.0
 
 
 class CycleRunner:
@@ -57,6 +62,7 @@ class CycleRunner:
         # The mirror caught up past changes no cycle has decided on (a self-check absorbs
         # them to compare): `changed()` must still say so, or the loop would sleep on them.
         self._undecided = False
+        self._run_times: tuple[float, RunTimes] | None = None  # (learned at, them)
 
     def forget(self) -> None:
         """Build the state again before the next cycle (what every cycle did before 0013)."""
@@ -66,8 +72,10 @@ class CycleRunner:
         """One cycle on `view` at `now` (see the module docstring)."""
         started = time.perf_counter()
         with self._one_at_a_time:
+            run_times = self._learned_run_times()
             for tries in range(OPTIMISTIC_TRIES + 1):
                 mirror = self._caught_up(view)
+                mirror.state.run_times = run_times
                 result = explained = None
                 if tries < OPTIMISTIC_TRIES:
                     result = decide(mirror, now)
@@ -83,6 +91,7 @@ class CycleRunner:
                             self.mirror = None
                             continue
                         mirror = self._build(conn, view)  # under the lock: it cannot move
+                        mirror.state.run_times = run_times
                         news = mirror.news(conn)
                     if result is None or explained is None:  # the last try: under the lock
                         mirror.absorb(news)
@@ -103,6 +112,16 @@ class CycleRunner:
                 # from asking for the lock to the commit's end: what others may wait for
                 return replace(report, locked_ms=(time.perf_counter() - asked) * 1000.0)
         raise AssertionError("unreachable: the last try decides under the lock")
+
+    def _learned_run_times(self) -> RunTimes | None:
+        """The teams' run times from their finished attempts (wall seconds), where the policy
+        reads them; learned again every RUN_TIMES_EVERY_S."""
+        if not self.policy.expected_finish_models:
+            return None
+        now = time.monotonic()
+        if self._run_times is None or now - self._run_times[0] > RUN_TIMES_EVERY_S:
+            self._run_times = (now, etas.run_times(self.engine, self.teams))
+        return self._run_times[1]
 
     def forward_state(self, view: ClusterView) -> EngineState:
         """A copy of the engine's state as of the last commit, for a forward run (the ETA):

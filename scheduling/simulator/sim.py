@@ -26,6 +26,7 @@ from scheduling.models import models_of
 from scheduling.policy import Policy
 from scheduling.quota import Team
 from scheduling.resources import Resources
+from scheduling.run_times import RunTimes
 from scheduling.shortcuts import FAST, Shortcuts, rerun_settles
 from scheduling.simulator.trace import TraceJob
 from scheduling.state import EngineState
@@ -119,6 +120,10 @@ def simulate(
         raise ValueError(f"checkpoint_s must be a number of seconds > 0, got {checkpoint_s}")
     started = time.perf_counter()
     state = EngineState(cluster, teams, policy)
+    if policy.expected_finish_models:
+        # What the cycle's choice between GPU models reads: the runs that ended, in ideal
+        # seconds (at speed 1), as the store learns them from its finished attempts.
+        state.run_times = RunTimes()
     jobs = {t.job_id: to_job(t, checkpoint_s) for t in trace}
     duration = {t.job_id: t.duration for t in trace}
     work_left = dict(duration)  # ideal seconds still to run
@@ -153,6 +158,10 @@ def simulate(
                 if attempt.get(job_id) != token:
                     continue  # preempted since this finish was planned
                 job = state.finish(job_id).job
+                admitted, slowdown, restart, speed = started_at.pop(job_id)
+                if state.run_times is not None:
+                    ideal = max(0.0, (now - admitted) / slowdown - restart) * speed
+                    state.run_times.add(job.team, ideal)
                 ended = {"t": now, "type": "finish", "job": job_id, "team": job.team}
                 if timed_out:  # stopped at its time limit, its work undone
                     ended["timed_out"] = True
