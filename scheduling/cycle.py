@@ -198,6 +198,8 @@ class Cycle:
             candidates.changed(job.team)
             return
         result.pending[job.id] = reason
+        if self.model_choice is not None:
+            self.model_choice.claim(pending, self._claimed_models(pending, reason))
         policy = self.policy
         self.stopped_by = policy.queue.blocked(self, pending)
         if self.stopped_by is not None:
@@ -214,8 +216,8 @@ class Cycle:
             if self.fast:
                 self.failed[(job.team, pending.klass)] = reason
                 candidates.close_class(job.team, pending.klass)
-                if reason.code == Reason.FASTER_MODEL:
-                    self._claim_for_mates(pending)
+                if self.model_choice is not None:
+                    self._claim_for_mates(pending, reason)
                 on_quota = reason.code == Reason.QUOTA
                 may_preempt = status is Status.NEEDS_PREEMPTION
                 if may_preempt or not on_quota:  # else its mates owe nothing: most classes
@@ -290,10 +292,21 @@ class Cycle:
             return status, self._reclaim_reason(job, problem, allowed_at)
         return status, reason
 
-    def _claim_for_mates(self, pending: Pending) -> None:
-        """The class closed on waiting for a faster model: its other jobs wait for it too
-        (`scheduling/model_choice.py`), and claim its GPUs as examining each would."""
+    def _claimed_models(self, pending: Pending, reason: PendingReason) -> tuple[str, ...]:
+        """The GPU models a job that waits claims (`scheduling/model_choice.py`): the faster
+        one it chose to wait for, or every one it accepts where it found no room at all."""
         assert self.model_choice is not None
+        if reason.code == Reason.FASTER_MODEL:
+            return (self.waits_for[pending.job.id].model,)
+        if reason.code == Reason.NO_PLACEMENT:
+            return self.model_choice.accepted(pending.job)
+        return ()
+
+    def _claim_for_mates(self, pending: Pending, reason: PendingReason) -> None:
+        """A class closed: its other jobs claim what it claimed, as examining each would."""
+        models = self._claimed_models(pending, reason)
+        if not models:
+            return
         queue = self.snap.queues[pending.job.team][pending.klass]
         mates = sum(
             1
@@ -301,7 +314,7 @@ class Cycle:
             if mate.job.id not in self.admitted_ids and mate.not_before <= self.now
         )
         if mates:
-            self.model_choice.claim(pending, self.waits_for[pending.job.id], mates)
+            self.model_choice.claim(pending, models, mates)
 
     def _nominated(self, job: Job, status: Status, reason: PendingReason | None = None) -> None:
         self.result.nominations.append(Nomination(job.id, job.team, status, reason))
@@ -441,7 +454,6 @@ class Cycle:
                 pending = self.snap.pending[job.id]
                 choice = self.model_choice.faster(self.cap, pending, placement, models)
                 if choice is not None:
-                    self.model_choice.claim(pending, choice)
                     self.waits_for[job.id] = choice
                     self.wake(choice.until)  # then it takes the slower model
                     self.result.estimates_move = True

@@ -9,9 +9,11 @@ GPUs go to the jobs behind it, which lose less on them.
 - Its expected run: its team's mean run in ideal seconds (`scheduling/run_times.py`), over the
   model's speed (the cluster's `gpu_speed`), and never more than its time limit.
 - The expected wait: when enough of the faster model's GPUs free for it and for the jobs
-  ahead of it in this cycle that chose to wait for that model too (their claims), the running
-  jobs there ending after their teams' mean residual runs. Optimistic where it cannot know
-  better: it leaves out topology and the jobs ahead that wait for other reasons.
+  ahead of it in this cycle that wait for them (their claims: jobs that chose to wait for that
+  model too, and jobs that accept it and found no room at all), the running jobs there ending
+  after their teams' mean residual runs. Optimistic where it cannot know better: it leaves out
+  topology. So under a long queue jobs take what is free, and on a quiet cluster they wait
+  for the faster GPUs about to free.
 - Bounded: a job waits for a faster model only while what it has waited in this wait, plus the
   wait to come, is less than what that model saves it; so estimates that stay wrong, or jobs
   ahead that keep taking the faster GPUs, cost it at most that saving, and the cycle wakes
@@ -28,6 +30,7 @@ them would. Decision: docs/decisions/0022.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -64,13 +67,20 @@ class ModelChoice:
         self._claims: dict[str, int] = {}  # model -> GPUs the jobs waiting for it need
         self._class_claims: dict[tuple, int] = {}  # (team, class) -> its part of them
 
-    def claim(self, pending: Pending, choice: FasterModel, jobs: int = 1) -> None:
-        """`jobs` jobs of `pending`'s class wait for `choice.model`: the next jobs' waits for
-        it count their GPUs."""
+    def claim(self, pending: Pending, models: Iterable[str], jobs: int = 1) -> None:
+        """`jobs` jobs of `pending`'s class wait for GPUs of `models` (a faster model they
+        chose to wait for, or every model they accept where they found no room at all): the
+        next jobs' waits for those models count their GPUs."""
         gpus = _need(pending.job) * jobs
-        self._claims[choice.model] = self._claims.get(choice.model, 0) + gpus
-        key = (pending.job.team, pending.klass, choice.model)
-        self._class_claims[key] = self._class_claims.get(key, 0) + gpus
+        for m in models:
+            self._claims[m] = self._claims.get(m, 0) + gpus
+            key = (pending.job.team, pending.klass, m)
+            self._class_claims[key] = self._class_claims.get(key, 0) + gpus
+
+    def accepted(self, job: Job) -> tuple[str, ...]:
+        """The cluster's models the job accepts."""
+        known = self.snap.cluster.model_nodes
+        return tuple(m for m in (job.gpu_models or self.snap.cluster.models) if m in known)
 
     def faster(
         self,

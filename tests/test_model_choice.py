@@ -123,6 +123,17 @@ def test_a_job_ahead_waiting_for_the_same_gpus_counts_in_the_wait_of_the_next() 
     assert _node_of(state, result, "second") == "v0"
 
 
+def test_a_job_ahead_with_no_room_at_all_counts_in_the_wait_for_the_models_it_accepts() -> None:
+    """A job tied to the H100 (priority 1, examined first) finds no room: the next one would
+    wait for the H100's GPUs behind it, which no running job's end gives: it takes the V100."""
+    state = _busy_h100(EXPECTED_FINISH, _history(3600.0))
+    state.submit(_job("tied", priority=1, gpu_models=("H100",)), 100.0)
+    state.submit(_job("p"), 100.0)
+    result = _cycle(state, 100.0)
+    assert result.pending["tied"].code is Reason.NO_PLACEMENT
+    assert _node_of(state, result, "p") == "v0"
+
+
 def test_a_job_of_one_model_or_of_mixed_models_never_waits_for_another() -> None:
     state = _busy_h100(EXPECTED_FINISH, _history(3600.0))
     state.submit(_job("v100-only", gpus=2, gpu_models=("V100",)), 100.0)
