@@ -24,12 +24,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a file
 
-from bench.common import RESULTS, code_version, machine
+from bench.common import RESULTS, code_version, console_for_tables, machine
 from bench.quality import run_policy
 from scheduling.policy import POLICIES
 from scheduling.simulator.workloads import FAMILIES, offered_load
@@ -76,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--workers", type=int, default=2, help="processes (2)")
     p.add_argument("--out", type=Path, default=RESULTS / "model_choice.json")
     args = p.parse_args(argv)
-    console = Console()
+    console = console_for_tables()
     tasks = [(f, load, s) for f in FAMILY_NAMES for load in LOADS for s in SEEDS]
     with ProcessPoolExecutor(args.workers) as pool:
         futures = [pool.submit(run, f, load, s, args.jobs) for f, load, s in tasks]
