@@ -169,6 +169,21 @@ def test_easy_backfill_bench_tiny(tmp_path: Path) -> None:
     assert set(report["summary"]) == {"tuning", "held-out"}
 
 
+def test_model_choice_bench_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "choice.json"
+    report = load("model_choice").main(["--jobs", "60", "--workers", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == report
+    assert len(report["cases"]) == 2 * 3 * 4  # families x loads x seeds
+    light = [c for c in report["cases"] if c["load"] == "0.3-0.5"]
+    assert light and all(0.25 <= c["offered_load"] <= 0.55 for c in light)
+    for case in report["cases"]:
+        for pol in report["policies"]:
+            assert case[pol]["avg_jct_s"] > 0
+    assert {(s["family"], s["load"]) for s in report["summary"]} == {
+        (f, load) for f in ("models", "models-quota") for load in ("as drawn", "0.6-0.8", "0.3-0.5")
+    }
+
+
 def test_store_bench_tiny(tmp_path: Path) -> None:
     """Both backends (CI has PostgreSQL), both queue sizes, every mode; the JSON it promises."""
     out = tmp_path / "store.json"
