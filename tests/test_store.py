@@ -279,6 +279,45 @@ def test_a_job_runs_on_the_gpu_model_it_asks_for_and_a_gang_on_one(store_url: st
         s.close()
 
 
+@pytest.mark.parametrize(("run_s", "waits"), [(3600.0, True), (60.0, False)])
+def test_the_store_learns_run_times_for_a_policy_that_waits_for_faster_models(
+    store_url: str, run_s: float, waits: bool
+) -> None:
+    """With `expected_finish_models` the store's cycles read its finished attempts' run times
+    (scheduling/model_choice.py): after runs of an hour, a job with room only on the slow
+    V100 node waits for the H100 node, whose job is expected to end soon, and says why;
+    after runs of a minute it takes the V100 at once."""
+    cl = parse_cluster({
+        "gpu_speed": {"H100": 2.0, "V100": 0.5},
+        "nodes": [
+            {"name": "h0", "gpus": 4, "gpu_model": "H100", "cpus": 32, "memory_gb": 256},
+            {"name": "v0", "gpus": 4, "gpu_model": "V100", "cpus": 32, "memory_gb": 256},
+        ],
+    })  # fmt: skip
+    policy = replace(FAST, name="berth-finish", expected_finish_models=True)
+    s = Store(store_url, cl, TEAMS, policy)
+    s.runner.run_times_every_s = 0.0  # learn them at every cycle: the test's clock is virtual
+    try:
+        s.submit(spec("old", gpus=4, gpu_model="H100"), job_id="old", now=0)
+        assert s.schedule(now=0).admitted == ("old",)
+        s.mark_started("old", 1, now=0)
+        s.finish("old", "succeeded", now=run_s)
+        s.submit(spec("busy", gpus=4, gpu_model="H100"), job_id="busy", now=run_s)
+        assert s.schedule(now=run_s).admitted == ("busy",)
+        s.mark_started("busy", 1, now=run_s)
+        s.submit(spec("p", gpus=4), job_id="p", now=run_s + 100)
+        report = s.schedule(now=run_s + 100)
+        st = s.status("p")
+        if waits:
+            assert report.admitted == ()
+            assert st.reason_code == "faster_model" and "H100" in (st.reason_message or "")
+        else:
+            assert report.admitted == ("p",)
+            assert {r.node for r in st.placement} == {"v0"}
+    finally:
+        s.close()
+
+
 def test_a_job_waits_on_its_teams_model_key_and_the_reason_names_it(store_url: str) -> None:
     """Per-model quotas through the store: the reason's resource is the key, however long
     the model's name (GPU feature discovery's product names run to 40 characters and more)."""

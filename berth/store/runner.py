@@ -63,6 +63,7 @@ class CycleRunner:
         # them to compare): `changed()` must still say so, or the loop would sleep on them.
         self._undecided = False
         self._run_times: tuple[float, RunTimes] | None = None  # (learned at, them)
+        self.run_times_every_s = RUN_TIMES_EVERY_S
 
     def forget(self) -> None:
         """Build the state again before the next cycle (what every cycle did before 0013)."""
@@ -115,11 +116,11 @@ class CycleRunner:
 
     def _learned_run_times(self) -> RunTimes | None:
         """The teams' run times from their finished attempts (wall seconds), where the policy
-        reads them; learned again every RUN_TIMES_EVERY_S."""
+        reads them; learned again every `run_times_every_s`."""
         if not self.policy.expected_finish_models:
             return None
         now = time.monotonic()
-        if self._run_times is None or now - self._run_times[0] > RUN_TIMES_EVERY_S:
+        if self._run_times is None or now - self._run_times[0] >= self.run_times_every_s:
             self._run_times = (now, etas.run_times(self.engine, self.teams))
         return self._run_times[1]
 

@@ -23,7 +23,9 @@ GPU_UNIT = 1000  # the store's shares are in milli-GPUs
 class Reason(BaseModel):
     """Why a queued job waits, as the last cycle that looked at it said."""
 
-    code: str = Field(description="quota | no_placement | behind_higher_priority | backoff")
+    code: str = Field(
+        description="quota | no_placement | behind_higher_priority | backoff | faster_model"
+    )
     message: str | None = Field(description="the reason in words, naming what is missing")
     level: str | None = Field(None, description="no_placement: the topology level without room")
     resource: str | None = Field(None, description="quota: gpus | cpus | memory_gb")
