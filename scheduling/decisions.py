@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NamedTuple
 
-from scheduling.jobs import Job, Pending, Placement, ReplicaPlacement
+from scheduling.jobs import Job, Pending, Placement, ReplicaPlacement, Running
 
 
 class Reason(StrEnum):
@@ -160,3 +160,11 @@ class CycleResult:
         if any(h.job.id == job.id for h in self.holds):
             return None
         return self.by_shape.get((job.team, pending.klass)) or self.tail.get(job.team)
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPlan:
+    """A preemption search's answer: where the preemptor goes once its victims are gone."""
+
+    placement: Placement
+    victims: tuple[Running, ...]

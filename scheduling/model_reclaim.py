@@ -20,9 +20,9 @@ from typing import NamedTuple
 
 from scheduling.capacity import Capacity
 from scheduling.cluster import Cluster
+from scheduling.decisions import PreemptionPlan
 from scheduling.jobs import Job, Placement, Running
 from scheduling.models import gpus_by_model
-from scheduling.preemption import PreemptionPlan
 from scheduling.quota import QuotaLedger
 from scheduling.strategies import Placer
 from scheduling.victims import VictimPool

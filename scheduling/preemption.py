@@ -17,25 +17,20 @@ preempted that the preemptor does not need gone.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
 
 from scheduling.capacity import Capacity
-from scheduling.jobs import Job, Placement, Running
-from scheduling.models import accepted_nodes, gpus_by_model
+from scheduling.decisions import PreemptionPlan
+from scheduling.jobs import Job, Running
+from scheduling.models import gpus_by_model
+from scheduling.one_node_plan import plan_on_index
 from scheduling.placement import TOPOLOGY
-from scheduling.quota import QuotaLedger, below_nominal_after, borrows_in
-from scheduling.resources import ZERO, Resources
+from scheduling.quota import QuotaLedger
 from scheduling.strategies import Placer
 from scheduling.victim_index import NodeIndex
+from scheduling.victim_rules import Released, place_on, trial_without
 from scheduling.victims import VictimPool
-
-
-@dataclass(frozen=True, slots=True)
-class PreemptionPlan:
-    placement: Placement
-    victims: tuple[Running, ...]
 
 
 def _reachable(
@@ -135,7 +130,7 @@ def plan_preemption(
             if not index:
                 return None
             now = pool.now if pool.checkpoint_aware else None
-            return _plan_on_index(index, cap, quota, job, place, now, keep_nominal)
+            return plan_on_index(index, cap, quota, job, place, now, keep_nominal)
         sources = _sources(pool, job.team, below, floors, guarded, excluded)
         candidates = _candidates(sources, pool.loss_key, max_candidates)
         if not candidates:
@@ -208,211 +203,14 @@ def _allowed_of(runs: Iterable[Running], excluded: set[str], floor: int) -> Iter
     return (r for r in runs if r.job.id not in excluded and r.job.priority <= floor)
 
 
-def _plan_on_one_node(
-    candidates: list[Running],
-    cap: Capacity,
-    quota: QuotaLedger,
-    job: Job,
-    place: Placer,
-    now: float | None = None,
-    keep_nominal: bool = True,
-) -> PreemptionPlan | None:
-    """A single-replica job needs room on one node: for each node, the cheapest victims there
-    that make room; then the node whose victims cost least (priority, GPUs, count, then the
-    GPU-seconds a preemption loses: the work they have done, or with `now` given (a
-    checkpoint-aware policy, candidates in `loss_at(now)` order) the work since their last
-    checkpoints)."""
-    index = NodeIndex(candidates, job.team, ())
-    return _plan_on_index(index, cap, quota, job, place, now, keep_nominal)
-
-
-def _lost_by(now: float | None) -> Callable[[Running], float]:
-    """The work term of an option's cost, per victim: GPUs x seconds it loses (`now` given),
-    else GPUs x -start (with equal GPUs, the same order as the work done, with no clock)."""
-    if now is None:
-        return lambda v: -v.job.demand.gpu * v.start_time
-    return lambda v: v.job.demand.gpu * v.unsaved_s(now)
-
-
-def _plan_on_index(
-    index: NodeIndex,
-    cap: Capacity,
-    quota: QuotaLedger,
-    job: Job,
-    place: Placer,
-    now: float | None = None,
-    keep_nominal: bool = True,
-) -> PreemptionPlan | None:
-    """`_plan_on_one_node` over the candidates of `index`."""
-    lost = _lost_by(now)
-    need = job.whole_gpus
-    team, preemptible = job.team, job.preemptible
-    own = index.own
-    if quota.own_limits_break(team, job.demand, preemptible, own):
-        return None  # its team's own limits hold even with all its victims gone
-    by_node, freeable = index.by_node, index.freeable
-    # Nodes in the order of their options' costs (priority, GPUs, count), each option worked
-    # out only when its turn may have come: a node's lower bound (its cheapest victim's
-    # priority, the GPUs it lacks, one victim) is no more than its option's cost, so an option
-    # popped from the heap costs no more than any left in it. The same order as costing every
-    # node and sorting, without costing the nodes past the one that makes it.
-    heap: list[tuple[tuple, list[Running] | None]] = []
-    free_masks, hidden = cap.free, cap.hidden  # read directly: a loop over thousands of nodes
-    accepted = accepted_nodes(cap.cluster, job)  # None: any node's GPU model will do
-    for node, victims in by_node.items():
-        free = free_masks[node].bit_count()
-        if free + freeable[node] < need or node in hidden:
-            continue  # even every victim here would not free enough
-        if accepted is not None and node not in accepted:
-            continue  # GPUs of a model the job does not accept
-        if own is not ZERO and quota.own_limits_break(
-            team, job.demand, preemptible, _own_release([v for v, _, _ in victims], team)
-        ):
-            continue  # ... or give back enough of its team's own quota
-        lack = max(need - free, 0) * 1000
-        # The work term's bound: an option that ties on (priority, GPUs, count) is one victim
-        # of `lack` GPUs at the node's lowest priority, which loses no less than victims[0]
-        # (loss order: the least lost first, or the most recently started), so its term is no
-        # less than `lack` GPUs losing what victims[0] would. A bound of -inf instead made
-        # every node of equal (priority, lack) be costed before any option was taken: 1,200
-        # nodes per search in a 2,000-node cycle.
-        first = victims[0][0]
-        per_gpu = first.start_time if now is None else -first.unsaved_s(now)
-        heap.append(((first.job.priority, lack, 1, -lack * per_gpu, node), None))
-    heapq.heapify(heap)
-    # Cheapest option first, the preemptor's quota with its victims gone (checked only for
-    # the options looked at: a cluster has thousands of nodes), then a real placement: enough
-    # GPUs on the node is necessary, not sufficient (a gpu_group job needs them in one group).
-    confirmed = 0
-    while heap:
-        bound, chosen = heapq.heappop(heap)
-        if chosen is None:
-            node = bound[4]
-            chosen = _room_on(node, by_node[node], cap, quota, job, keep_nominal)
-            if chosen is not None:
-                # Between options of equal priority, GPUs and count, the least work lost.
-                cost = (
-                    max(v.job.priority for v in chosen),
-                    sum(v.job.demand.gpu for v in chosen),
-                    len(chosen),
-                    sum(lost(v) for v in chosen),
-                    node,
-                )
-                heapq.heappush(heap, (cost, chosen))
-            continue
-        if own is not ZERO and quota.own_limits_break(
-            team, job.demand, preemptible, _own_release(chosen, team)
-        ):
-            continue  # the cheap half of the check below, without a clone
-        trial = _without(quota, chosen, cap)
-        if trial.check(team, job.demand, preemptible) is not None:
-            continue
-        confirmed += 1
-        if confirmed > 8:
-            break
-        trial_cap = cap.clone()
-        for v in chosen:
-            trial_cap.give_placement(v.placement, v.job.cpu, v.job.mem)
-        placement = _place(place, trial_cap, trial, job)
-        if placement is not None:
-            return PreemptionPlan(placement, tuple(chosen))
-    return None
-
-
-def _own_release(victims: list[Running], team: str) -> Resources:
-    """What the victims of `team` give back to it (ZERO itself when none is of it)."""
-    out = ZERO
-    for v in victims:
-        if v.job.team == team:
-            out = out + v.job.demand
-    return out
-
-
-def _room_on(
-    node: int,
-    victims: list[tuple[Running, int, int]],
-    cap: Capacity,
-    quota: QuotaLedger,
-    job: Job,
-    keep_nominal: bool = True,
-) -> list[Running] | None:
-    """The cheapest victims on `node` (loss order) that make room there for one replica of
-    `job`, each victim's team kept at its nominal (or, without `keep_nominal`, borrowing when
-    taken); else the cheapest single victim that does
-    (taking cheap victims first may spend a team's margin above nominal on one that barely
-    helps, and refuse the one that alone would do); else None."""
-    need = job.whole_gpus
-    base = (cap.free_gpus(node), cap.free_cpu[node], cap.free_mem[node])
-
-    def fits(free: int, cpu: int, mem: int) -> bool:
-        return free >= need and cpu >= job.cpu and mem >= job.mem
-
-    free, cpu, mem = base
-    released = _Released(quota, job.team, keep_nominal)
-    chosen: list[Running] = []
-    refused = False
-    for v, k, reps in victims:
-        if fits(free, cpu, mem):
-            break
-        vj = v.job
-        if not released.take(vj):
-            refused = True
-            continue
-        chosen.append(v)
-        free += k
-        cpu += vj.cpu * reps  # per replica: a victim may have several on this node
-        mem += vj.mem * reps
-    if chosen and fits(free, cpu, mem):
-        return chosen
-    if not refused:
-        return None  # every victim here was taken and still no room: none alone makes it
-    for v, k, reps in victims:
-        vj = v.job
-        alone = fits(base[0] + k, base[1] + vj.cpu * reps, base[2] + vj.mem * reps)
-        if alone and _Released(quota, job.team, keep_nominal).take(vj):
-            return [v]
-    return None
-
-
 def _allowed(
     candidates: list[Running], quota: QuotaLedger, job: Job, keep_nominal: bool
 ) -> list[Running]:
     """The candidates in order, less each one that would take its team below nominal (or,
     without `keep_nominal`, whose team is no longer borrowing) once the allowed ones before it
     are gone (the preemptor's own team aside)."""
-    released = _Released(quota, job.team, keep_nominal)
+    released = Released(quota, job.team, keep_nominal)
     return [r for r in candidates if released.take(r.job)]
-
-
-class _Released:
-    """What a plan takes from each victim team so far. A victim may be taken only if its team
-    stays at or above its nominal without it (`quota.below_nominal_after`), or, without
-    `keep_nominal`, if its team is still borrowing (`quota.borrows_in`); the preemptor's own
-    team aside, whose lower-priority jobs it may preempt whatever its usage."""
-
-    __slots__ = ("_keep", "_preemptor", "_quota", "_taken")
-
-    def __init__(self, quota: QuotaLedger, preemptor_team: str, keep_nominal: bool = True) -> None:
-        self._quota = quota
-        self._preemptor = preemptor_team
-        self._keep = keep_nominal
-        self._taken: dict[str, tuple[int, int, int]] = {}
-
-    def take(self, victim: Job) -> bool:
-        """Count `victim` in the plan and say True, or say False (and count nothing)."""
-        team, d = victim.team, victim.demand
-        tg, tc, tm = self._taken.get(team, (0, 0, 0))  # ints: millions of calls on a replay
-        if team != self._preemptor:
-            u = self._quota.usage[team]
-            left = (u.gpu - tg, u.cpu - tc, u.mem - tm)
-            nominal = self._quota.teams[team].nominal
-            if self._keep:
-                if below_nominal_after(left, d, nominal):
-                    return False
-            elif not borrows_in(left, d, nominal):
-                return False
-        self._taken[team] = (tg + d.gpu, tc + d.cpu, tm + d.mem)
-        return True
 
 
 _SINGLE_TRIES = 8  # single victims tried after the prefix search fails (each clones state)
@@ -436,15 +234,15 @@ def _plan_greedy(
     need = _need(cap, job)
     tries = 0
     for r in candidates:
-        if r.job.demand.gpu < need or not _Released(quota, job.team, keep_nominal).take(r.job):
+        if r.job.demand.gpu < need or not Released(quota, job.team, keep_nominal).take(r.job):
             continue
         tries += 1
         if tries > _SINGLE_TRIES:
             break
-        c, q = cap.clone(), _without(quota, (r,), cap)
+        c, q = cap.clone(), trial_without(quota, (r,), cap)
         c.give_placement(r.placement, r.job.cpu, r.job.mem)
         if _fits(c, q, job, place):
-            placement = _place(place, c, q, job)
+            placement = place_on(place, c, q, job)
             assert placement is not None  # _fits just said so
             return PreemptionPlan(placement, (r,))
     return None
@@ -460,10 +258,10 @@ def _plan_prefix(
         c = cap.clone()
         for r in allowed[:k]:
             c.give_placement(r.placement, r.job.cpu, r.job.mem)
-        return c, _without(quota, allowed[:k], cap)
+        return c, trial_without(quota, allowed[:k], cap)
 
     def fits_without(k: int) -> bool:  # `_fits(*without(k), ...)`, quota first: it is cheaper
-        qq = _without(quota, allowed[:k], cap)
+        qq = trial_without(quota, allowed[:k], cap)
         if qq.check(job.team, job.demand, job.preemptible) is not None:
             return False
         c = cap.clone()
@@ -503,7 +301,7 @@ def _plan_prefix(
             trial_cap.give_placement(victim.placement, v.cpu, v.mem)
             trial_quota.remove(v.team, v.demand)
             trial_quota.remove_models(v.team, by_model)
-    placement = _place(place, trial_cap, trial_quota, job)
+    placement = place_on(place, trial_cap, trial_quota, job)
     assert placement is not None  # _fits just said so on this very capacity
     return PreemptionPlan(placement, tuple(chosen))
 
@@ -526,24 +324,7 @@ def _fits(cap: Capacity, quota: QuotaLedger, job: Job, place: Placer) -> bool:
         return False
     if not job.shared and cap.domain_free["cluster"]["cluster"] < job.whole_gpus * job.replicas:
         return False
-    return _place(place, cap, quota, job) is not None
-
-
-def _without(quota: QuotaLedger, victims: Sequence[Running], cap: Capacity) -> QuotaLedger:
-    """A trial ledger with the victims gone: their demand, and where teams declare per-model
-    quotas their GPUs of each model (victims may free a model's pool that the job needs)."""
-    trial = quota.without(v.job for v in victims)
-    if quota.has_models:
-        for v in victims:
-            trial.remove_models(v.job.team, gpus_by_model(cap.cluster, v.placement.replicas))
-    return trial
-
-
-def _place(place: Placer, cap: Capacity, quota: QuotaLedger, job: Job) -> Placement | None:
-    """`place(cap, job)` with the trial ledger `quota`, for a placer that reads one (the
-    per-model quotas' narrowing, `model_quotas.ModelQuotaPlacer`)."""
-    on_ledger = getattr(place, "on_ledger", None)
-    return place(cap, job) if on_ledger is None else on_ledger(quota)(cap, job)
+    return place_on(place, cap, quota, job) is not None
 
 
 def _free(cap: Capacity, r: Running) -> bool:

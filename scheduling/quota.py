@@ -355,7 +355,7 @@ class QuotaLedger:
         then applied once (the pool's and the borrowers' bookkeeping depend only on each
         team's usage before and after, so this equals removing them one by one). Per-model
         usage is left as it was: jobs carry no placement; a preemption search gives back its
-        victims' GPUs of each model itself (`preemption._without`)."""
+        victims' GPUs of each model itself (`victim_rules.trial_without`)."""
         release: dict[str, list[int]] = {}
         for v in victims:
             d = v.demand

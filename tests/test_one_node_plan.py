@@ -1,4 +1,4 @@
-"""A single-replica preemptor's plan (`preemption._plan_on_one_node`) works out each node's
+"""A single-replica preemptor's plan (`preemption.plan_on_one_node`) works out each node's
 option only when its turn may come (a lower bound per node, a heap) and skips, without cloning
 the ledger, options that free too little of the preemptor's own team quota. Here it is compared
 with the plain definition it replaced: every node's option costed, sorted, and each checked
@@ -12,9 +12,10 @@ from builders import World, cluster, job, policy, teams
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from scheduling.decisions import PreemptionPlan
 from scheduling.jobs import Job, Running
+from scheduling.one_node_plan import plan_on_one_node, room_on
 from scheduling.placement import TOPOLOGY
-from scheduling.preemption import PreemptionPlan, _plan_on_one_node, _room_on
 from scheduling.resources import ZERO
 from scheduling.victim_index import NodeIndex
 from scheduling.victims import BY_LOSS, loss_at
@@ -38,7 +39,7 @@ def _plain(
         free = cap.free_gpus(node)
         if free + sum(k for _, k, _ in victims) < need or not cap.usable(node):
             continue
-        chosen = _room_on(node, victims, cap, quota, job)
+        chosen = room_on(node, victims, cap, quota, job)
         if chosen is not None:
             lost = sum(
                 v.job.demand.gpu * (v.unsaved_s(1000.0) if aware else 1000.0 - v.start_time)
@@ -123,7 +124,7 @@ def test_the_heap_finds_the_plan_the_sorted_options_find(
     candidates = sorted((r for r in snap.running.values() if r.job.preemptible), key=order)
     assume(candidates)
     now = 1000.0 if aware else None
-    got = _plan_on_one_node(candidates, cap, quota, preemptor, TOPOLOGY, now)
+    got = plan_on_one_node(candidates, cap, quota, preemptor, TOPOLOGY, now)
     want = _plain(candidates, cap, quota, preemptor, aware)
     if want is None:
         assert got is None

@@ -1,0 +1,61 @@
+"""Which victims a plan may take from each team (the rule that keeps a preemption from
+spending a lending team's guarantee, `Released`), and the trial ledger a plan is checked on:
+shared by every preemption search."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from scheduling.capacity import Capacity
+from scheduling.jobs import Job, Placement, Running
+from scheduling.models import gpus_by_model
+from scheduling.quota import QuotaLedger, below_nominal_after, borrows_in
+from scheduling.strategies import Placer
+
+
+class Released:
+    """What a plan takes from each victim team so far. A victim may be taken only if its team
+    stays at or above its nominal without it (`quota.below_nominal_after`), or, without
+    `keep_nominal`, if its team is still borrowing (`quota.borrows_in`); the preemptor's own
+    team aside, whose lower-priority jobs it may preempt whatever its usage."""
+
+    __slots__ = ("_keep", "_preemptor", "_quota", "_taken")
+
+    def __init__(self, quota: QuotaLedger, preemptor_team: str, keep_nominal: bool = True) -> None:
+        self._quota = quota
+        self._preemptor = preemptor_team
+        self._keep = keep_nominal
+        self._taken: dict[str, tuple[int, int, int]] = {}
+
+    def take(self, victim: Job) -> bool:
+        """Count `victim` in the plan and say True, or say False (and count nothing)."""
+        team, d = victim.team, victim.demand
+        tg, tc, tm = self._taken.get(team, (0, 0, 0))  # ints: millions of calls on a replay
+        if team != self._preemptor:
+            u = self._quota.usage[team]
+            left = (u.gpu - tg, u.cpu - tc, u.mem - tm)
+            nominal = self._quota.teams[team].nominal
+            if self._keep:
+                if below_nominal_after(left, d, nominal):
+                    return False
+            elif not borrows_in(left, d, nominal):
+                return False
+        self._taken[team] = (tg + d.gpu, tc + d.cpu, tm + d.mem)
+        return True
+
+
+def trial_without(quota: QuotaLedger, victims: Sequence[Running], cap: Capacity) -> QuotaLedger:
+    """A trial ledger with the victims gone: their demand, and where teams declare per-model
+    quotas their GPUs of each model (victims may free a model's pool that the job needs)."""
+    trial = quota.without(v.job for v in victims)
+    if quota.has_models:
+        for v in victims:
+            trial.remove_models(v.job.team, gpus_by_model(cap.cluster, v.placement.replicas))
+    return trial
+
+
+def place_on(place: Placer, cap: Capacity, quota: QuotaLedger, job: Job) -> Placement | None:
+    """`place(cap, job)` with the trial ledger `quota`, for a placer that reads one (the
+    per-model quotas' narrowing, `model_quotas.ModelQuotaPlacer`)."""
+    on_ledger = getattr(place, "on_ledger", None)
+    return place(cap, job) if on_ledger is None else on_ledger(quota)(cap, job)
