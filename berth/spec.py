@@ -43,6 +43,7 @@ from berth.spec_fields import (
     job_name,
     non_blank,
     python_version,
+    recoverable_exit_code,
     requirement,
     secret_ref,
 )
@@ -92,7 +93,8 @@ class JobSpec(BaseModel):
     - `shm_gb_per_replica` (Kubernetes: the memory-backed /dev/shm) is at most the replica's
       memory, which its pages count against.
     - `priority` is within -1000..1000, `retries` within 0..20, times are finite and > 0, and
-      `retry_backoff_max_s` >= `retry_backoff_s`.
+      `retry_backoff_max_s` >= `retry_backoff_s`; `recoverable_exit_codes` are exit codes
+      (1..255) or signals (-1..-64), never 0.
     - `inputs` are s3://bucket/key, file:///absolute/path or https:// URIs; `artifacts` are
       relative paths that stay inside the working directory.
     - `env` names are shell identifiers, and none that the platform sets (`RESERVED_ENV`).
@@ -133,6 +135,12 @@ class JobSpec(BaseModel):
     retries: Annotated[int, Field(strict=True, ge=0, le=20)] = 0
     retry_backoff_s: Positive = 30.0
     retry_backoff_max_s: Positive = 3600.0
+    # Exit codes that mean "run me again", not "I am broken" (a lost NCCL peer, a flaky
+    # filesystem): an attempt that exits with one goes back to the queue as a lost one does,
+    # using no retry, up to MAX_RECOVERIES times (berth/store/lifecycle.py).
+    recoverable_exit_codes: tuple[
+        Annotated[int, Field(strict=True), AfterValidator(recoverable_exit_code)], ...
+    ] = ()
     time_limit_s: Positive | None = None
     # The job saves a checkpoint in BERTH_CHECKPOINT_DIR at least this often: a preemption
     # then loses only the work since, and the engine prefers victims that just saved.
@@ -359,6 +367,8 @@ _FIX = {
     "retries": "give how many times to retry a failed run, from 0 to 20",
     "retry_backoff_s": "give seconds to wait before the first retry, e.g. 30",
     "retry_backoff_max_s": "give the longest wait between retries in seconds, e.g. 3600",
+    "recoverable_exit_codes": "give a list of exit codes that run the job again without a "
+    "retry, e.g. [75]",
     "time_limit_s": "give the most seconds a run may take, e.g. 86400, or leave it out",
     "inputs": f"give a list of URIs; {URI_FIX}",
     "artifacts": f"give a list of paths; {ARTIFACT_FIX}",

@@ -276,3 +276,15 @@ def env_key(k: str) -> str:
             f"digit; e.g. {fix!r}"
         )
     return k
+
+
+def recoverable_exit_code(v: int) -> int:
+    """An exit code a job declares recoverable: not 0 (success), within what a process can
+    return (1..255) or a signal as the local runtime reports it (-1..-64)."""
+    if v == 0:
+        raise ValueError("0 is success, not a failure to recover from; give codes such as 75")
+    if not (-64 <= v <= 255):
+        raise ValueError(
+            f"must be an exit code from 1 to 255, or a signal from -1 to -64, got {v}"
+        )
+    return v

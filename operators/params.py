@@ -219,6 +219,15 @@ def job_params(
             section=ADVANCED,
             description="Wait before a retry.",
         ),
+        "recoverable_exit_codes": Param(
+            None,
+            type=["null", "array"],
+            items={"type": "integer"},
+            title="Recoverable exit codes",
+            section=ADVANCED,
+            description="Exit codes that run the job again without using a retry, e.g. 75 "
+            "for a lost NCCL peer.",
+        ),
         "checkpoint_every_s": optional_seconds_or_gb(
             "Checkpoint every (s)",
             ADVANCED,

@@ -11,8 +11,9 @@ trigger has already recorded in the store (freeing its GPUs):
   spec.retries, the spec's backoff), and the next try calls `store.retry` so the job queues
   again for a new attempt; a failure retrying cannot fix (a bad image) raises
   `AirflowFailException`;
-- preempted, or lost (the reaper ended it, Kubernetes evicted it): back to admission without
-  using a retry (the store keeps its queue place);
+- preempted, or lost (the reaper ended it, Kubernetes evicted it, or it exited with a code
+  its spec declares recoverable): back to admission without using a retry (the store keeps
+  its queue place);
 - cancelled, rejected, a spec that can never run: `AirflowFailException`, no retry.
 """
 
@@ -273,8 +274,11 @@ class BerthRunOperator(BaseOperator):
         for line in event.get("tail") or ():
             self.log.info("%s", line)
         if outcome in ("preempted", "lost"):  # back to the queue, no retry used
+            why = event.get("message")
+            if event["status"] == "failed":  # a recoverable exit code: the store says so
+                why = store.status(job_id).message
             self.log.warning("job %s attempt %d %s (%s); back in the queue without a retry",
-                             job_id, attempt, outcome, event.get("message"))  # fmt: skip
+                             job_id, attempt, outcome, why)  # fmt: skip
             close_attempt(task, spec, store, job_id, attempt, outcome)
             self._notify(context, "preempted", job_id, f"attempt {attempt} {outcome}; queued again")
             self._defer_admission(job_id, self._plan(context, spec))

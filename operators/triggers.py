@@ -319,9 +319,10 @@ class CompletionTrigger(BaseTrigger):
     async def _end(self, store: Any, outcome: str, **details: Any) -> str:
         """End the attempt in the store (its GPUs are free for the next cycle) and wake this
         process's waiting jobs; returns the outcome the store holds (someone else, a cancel
-        or the reaper, may have ended the attempt first)."""
+        or the reaper, may have ended the attempt first; a failure whose exit code the job
+        declares recoverable the store ends as lost)."""
         try:
-            await asyncio.to_thread(
+            st = await asyncio.to_thread(
                 store.finish, self.job_id, outcome, attempt=self.attempt, **details
             )
         except StaleAttemptError:  # the reaper ended it and the job moved on
@@ -330,7 +331,7 @@ class CompletionTrigger(BaseTrigger):
             st = await asyncio.to_thread(store.status, self.job_id)
             return st.outcome or st.state
         CyclePoller.poke_running(store)
-        return outcome
+        return st.outcome or outcome
 
     def _event(self, status: str, **data: Any) -> TriggerEvent:
         ids = {"job_id": self.job_id, "attempt": self.attempt, "launch": self.launch}

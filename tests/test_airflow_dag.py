@@ -138,6 +138,35 @@ def test_gang_job_runs_the_training_and_succeeds(airflow_env: dict[str, str]) ->
     assert "[rank 1] rank 1/2 attempt 1" in out and "[rank 0] metrics" in out
 
 
+def test_a_recoverable_exit_code_runs_the_job_again_without_a_retry(
+    airflow_env: dict[str, str],
+) -> None:
+    """The spec declares exit code 3 recoverable and allows no retry: the first attempt exits
+    3, goes back to the queue as a lost one does, and the second succeeds within the same
+    Airflow try of the run task."""
+    conf = {
+        "name": "recover-demo",
+        "team": "language",
+        "command": ["python", str(TRAIN), "--epochs", "2", "--fail-on-attempt", "1"],
+        "replicas": 1,
+        "gpus_per_replica": 1,
+        "memory_gb_per_replica": 1,
+        "retries": 0,
+        "recoverable_exit_codes": [3],
+    }
+    result, out = run_dag(airflow_env, "berth_job.py", conf)
+    assert result["state"] == "success", out[-5000:]
+    assert result["tis"]["job.run"] == ["success", 1]  # no Airflow retry was used
+    with store_of(airflow_env) as store:
+        [job] = [j for j in store.jobs() if j.labels.get("run_id") == result["run_id"]]
+        assert job.state == "succeeded" and job.attempt == 2
+        kinds = [e.type for e in store.events(job.id)]
+        assert kinds.count("lost") == 1 and "fail" not in kinds
+        [lost] = [e for e in store.events(job.id) if e.type == "lost"]
+        assert lost.data["exit_code"] == 3 and lost.data["outcome"] == "lost"
+    assert "is one of the job's recoverable_exit_codes" in out
+
+
 def test_job_from_params_fails_once_then_succeeds_on_retry(airflow_env: dict[str, str]) -> None:
     conf = {
         "name": "retry-demo",

@@ -235,6 +235,11 @@ RULES = [
     ),
     ({"retry_backoff_max_s": -1}, "retry_backoff_max_s", ["more than 0, got -1", "e.g. 3600"]),
     ({"time_limit_s": 0}, "time_limit_s", ["more than 0", "leave it out"]),
+    ({"recoverable_exit_codes": [75, 0]}, "recoverable_exit_codes[1]", ["0 is success", "75"]),
+    ({"recoverable_exit_codes": [256]}, "recoverable_exit_codes[0]", ["1 to 255", "got 256"]),
+    ({"recoverable_exit_codes": [-65]}, "recoverable_exit_codes[0]", ["-1 to -64"]),
+    ({"recoverable_exit_codes": ["75"]}, "recoverable_exit_codes[0]", ["whole number"]),
+    ({"recoverable_exit_codes": 75}, "recoverable_exit_codes", ["a list", "e.g. [75]"]),
     (
         {"inputs": ["s3://bkt/a", "https://h.io/b", "gs://bkt/c"]},
         "inputs[2]",

@@ -28,6 +28,7 @@ from berth.store import (
     StoreURLError,
     UnknownJobError,
     UnsupportedPolicyError,
+    lifecycle,
 )
 from berth.store.database import StaleSchemaError
 from berth.store.mirror import Mirror
@@ -418,6 +419,38 @@ def test_a_job_lost_again_and_again_backs_off_instead_of_looping(store: Store) -
     run(store, "a1", now + 0.1)
     store.finish("a1", "lost", attempt=store.status("a1").attempt, now=now + 0.2)
     assert store.status("a1").not_before <= now + 0.2
+
+
+def test_an_exit_code_the_job_declares_recoverable_requeues_it_without_a_retry(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exit 75 is recoverable for this job: the attempt ends as lost (back at its place in the
+    queue, no retry used) and says why, up to MAX_RECOVERIES times; then, and for any other
+    code, the job fails as before (its retries are the operator's to use)."""
+    monkeypatch.setattr(lifecycle, "MAX_RECOVERIES", 2)
+    submit(store, "a1", 0, gpus=2, recoverable_exit_codes=[75, -9])
+    now = 1.0
+    for used in (1, 2):
+        store.schedule(now=now)
+        run(store, "a1", now)
+        st = store.finish("a1", "failed", attempt=used, exit_code=75, message="NCCL", now=now)
+        assert (st.state, st.outcome, st.exit_code) == ("queued", "lost", 75)
+        assert "recoverable_exit_codes" in (st.message or "")
+        assert f"recovery {used} of at most 2" in (st.message or "") and "NCCL" in st.message
+        now = max(now, st.not_before) + 1.0
+    kinds = [e.type for e in store.events("a1")]
+    assert kinds.count("lost") == 2 and "fail" not in kinds
+    store.schedule(now=now)
+    run(store, "a1", now)
+    st = store.finish("a1", "failed", attempt=3, exit_code=75, message="NCCL", now=now)
+    assert (st.state, st.outcome) == ("failed", "failed")
+    assert "recovered 2 times (at most 2): this failure uses a retry" in (st.message or "")
+    # Another code is a failure at once.
+    submit(store, "a2", now, gpus=2, recoverable_exit_codes=[75])
+    store.schedule(now=now + 1)
+    run(store, "a2", now + 1)
+    st = store.finish("a2", "failed", attempt=1, exit_code=3, message="bug", now=now + 2)
+    assert (st.state, st.outcome, st.message) == ("failed", "failed", "bug")
 
 
 def test_a_preempting_job_silent_past_the_lease_counts_as_stopped(store: Store) -> None:

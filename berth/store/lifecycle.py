@@ -184,6 +184,38 @@ def end_attempt(
     emit(conn, now, job_id, kind, attempt=attempt, by=by, was=row["state"], **last, **extra)
 
 
+# An attempt that exits with a code its job declares recoverable is ended as lost (back to the
+# queue, no retry used), this many times at most: a job that always exits so would otherwise
+# come back for ever. Past it, such a failure uses a retry as any other does.
+MAX_RECOVERIES = 20
+
+
+def recovered(
+    conn: Connection, row: Mapping[str, Any], outcome: str, exit_code: int | None, message: str
+) -> tuple[str, str]:
+    """The outcome a failed attempt ends with: `lost` when its exit code is one the job's spec
+    declares recoverable (`recoverable_exit_codes`) and it has not used up MAX_RECOVERIES, with
+    a message that says so; else the outcome and message as given."""
+    if outcome != FAILED or exit_code is None:
+        return outcome, message
+    codes = (row["spec"] or {}).get("recoverable_exit_codes") or ()
+    if exit_code not in codes:
+        return outcome, message
+    q = select(attempts.c.exit_code).where(
+        attempts.c.job_id == row["id"], attempts.c.outcome == "lost"
+    )
+    used = sum(1 for code in conn.execute(q).scalars() if code in codes)
+    if used >= MAX_RECOVERIES:
+        return outcome, (
+            f"{message}; exit code {exit_code} is recoverable, but the job has recovered "
+            f"{used} times (at most {MAX_RECOVERIES}): this failure uses a retry"
+        )
+    return "lost", (
+        f"exit code {exit_code} is one of the job's recoverable_exit_codes: queued again "
+        f"without using a retry (recovery {used + 1} of at most {MAX_RECOVERIES}); {message}"
+    )
+
+
 LOST_BACKOFF_BASE_S = 10.0
 LOST_BACKOFF_MAX_S = 600.0
 

@@ -292,7 +292,9 @@ class Store:
         now: float | None = None,
     ) -> JobStatus:
         """End the current attempt. succeeded, failed and cancelled end the job; preempted (its
-        replicas have stopped) and lost send it back to the queue at its old place."""
+        replicas have stopped) and lost send it back to the queue at its old place, and so does
+        a failure with an exit code the job declares recoverable (ended as lost, using no
+        retry: `lifecycle.recovered`); the status returned tells which."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome: must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
         now = _now(now)
@@ -301,6 +303,7 @@ class Store:
             if attempt is not None:
                 lifecycle.check_attempt(row, attempt)
             lifecycle.require(row, (ADMITTED, RUNNING, PREEMPTING), f"finish({outcome})")
+            outcome, message = lifecycle.recovered(conn, row, outcome, exit_code, message)
             lifecycle.end_attempt(conn, row, outcome, exit_code, message, now)
             return status_from_row(_get(conn, job_id))
 
