@@ -15,7 +15,7 @@ from scheduling.cluster import CLUSTER, Cluster
 from scheduling.jobs import Job
 from scheduling.models import model_gpus, node_sets, unknown_models
 from scheduling.placement import max_level, place_gang
-from scheduling.quota import Team, cohort_pool, model_quotas
+from scheduling.quota import Team, model_quotas, reachable
 from scheduling.resources import GPU_UNIT, Resources, fmt_gpus, gpu_request_problem
 
 
@@ -170,11 +170,11 @@ def _check_quota(job: Job, teams: Mapping[str, Team]) -> Rejection | None:
             min(ceiling.cpu, team.nominal.cpu),
             min(ceiling.mem, team.nominal.mem),
         )
-    reachable = team.guaranteed + cohort_pool(teams)
+    most = reachable(team, teams)  # within every level of its cohorts' limits
     limit = Resources(
-        min(ceiling.gpu, reachable.gpu),
-        min(ceiling.cpu, reachable.cpu),
-        min(ceiling.mem, reachable.mem),
+        min(ceiling.gpu, most.gpu),
+        min(ceiling.cpu, most.cpu),
+        min(ceiling.mem, most.mem),
     )
     over = job.demand.first_excess(limit)
     if over is None:
@@ -184,7 +184,7 @@ def _check_quota(job: Job, teams: Mapping[str, Team]) -> Rejection | None:
     why = (
         "nominal (a non-preemptible job may not borrow)"
         if not job.preemptible
-        else ("nominal + borrowing_limit, within what the other teams lend")
+        else ("nominal + borrowing_limit, within what the other teams and its cohorts lend")
     )
     return Rejection(
         "infeasible",

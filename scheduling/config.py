@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,8 +24,8 @@ from scheduling.cluster import (
     Cluster,
     Node,
 )
-from scheduling.quota import ModelQuota, Team
-from scheduling.resources import UNLIMITED, Resources
+from scheduling.quota import Cohort, ModelQuota, Team
+from scheduling.resources import UNLIMITED, ZERO, Resources
 
 DEFAULT_SLOWDOWN = {GPU_GROUP: 1.0, NODE: 1.1, RACK: 1.3, BLOCK: 1.5, CLUSTER: 1.8}
 
@@ -132,16 +133,44 @@ class QuotaMap(BaseModel):
         return {k[len(MODEL_KEY) :]: float(v) for k, v in (self.model_extra or {}).items()}
 
 
+_NAME = r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$"
+
+
 class TeamSpec(_Strict):
-    name: str = Field(min_length=1, pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
+    name: str = Field(min_length=1, pattern=_NAME)
     nominal: QuotaMap
     borrowing_limit: QuotaMap | None = None
     lending_limit: QuotaMap | None = None
     weight: Annotated[float, Field(gt=0)] = 1.0
+    cohort: str | None = None  # its cohort in the organization tree (None: the root's child)
+
+
+class CohortSpec(_Strict):
+    """A node of the organization tree: a department or group of teams (Kueue's
+    hierarchical cohorts). Its maps take `gpus`, `cpus` and `memory_gb` only."""
+
+    name: str = Field(min_length=1, pattern=_NAME)
+    parent: str | None = None
+    nominal: QuotaMap | None = None  # its own quota, beside what its children lend it
+    borrowing_limit: QuotaMap | None = None
+    lending_limit: QuotaMap | None = None
+
+    @model_validator(mode="after")
+    def _no_model_keys(self) -> CohortSpec:
+        for field_name in ("nominal", "borrowing_limit", "lending_limit"):
+            q = getattr(self, field_name)
+            if q is not None and q.models():
+                keys = ", ".join(f"gpus.{m}" for m in q.models())
+                raise ValueError(
+                    f"{field_name}: per-model keys ({keys}) are a team's, not a cohort's; "
+                    "put them on the teams, or use gpus"
+                )
+        return self
 
 
 class TeamsSpec(_Strict):
     teams: list[TeamSpec] = Field(min_length=1)
+    cohorts: list[CohortSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _unique(self) -> TeamsSpec:
@@ -149,7 +178,54 @@ class TeamsSpec(_Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"team names must be unique; repeated: {dup}")
+        _check_tree(self)
         return self
+
+
+def _check_tree(spec: TeamsSpec) -> None:
+    """Cohort names unique and apart from the teams', parents and teams' cohorts known, no
+    cycle, and a team somewhere under every cohort (else its quota would sit unused)."""
+    cohorts = {c.name: c for c in spec.cohorts}
+    names = [c.name for c in spec.cohorts]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"cohort names must be unique; repeated: {dup}")
+    clash = sorted(set(names) & {t.name for t in spec.teams})
+    if clash:
+        raise ValueError(f"a cohort and a team share the name {clash[0]!r}; rename one")
+    for c in spec.cohorts:
+        if c.parent is not None and c.parent not in cohorts:
+            raise ValueError(
+                f"cohort {c.name}: parent {c.parent!r} is not a cohort; declare it under "
+                f"cohorts, or leave parent out (a top-level cohort)"
+            )
+    for t in spec.teams:
+        if t.cohort is not None and t.cohort not in cohorts:
+            known = ", ".join(sorted(cohorts)) or "none declared"
+            raise ValueError(
+                f"team {t.name}: cohort {t.cohort!r} is not declared under cohorts "
+                f"({known}); declare it, or leave cohort out"
+            )
+    for c in spec.cohorts:
+        seen, at = [c.name], c
+        while at.parent is not None:
+            at = cohorts[at.parent]
+            if at.name in seen:
+                loop = " -> ".join([*seen[seen.index(at.name) :], at.name])
+                raise ValueError(f"cohorts form a cycle: {loop}; one of them needs no parent")
+            seen.append(at.name)
+    used: set[str] = set()
+    for t in spec.teams:
+        at = cohorts.get(t.cohort) if t.cohort else None
+        while at is not None and at.name not in used:
+            used.add(at.name)
+            at = cohorts.get(at.parent) if at.parent else None
+    empty = sorted(set(cohorts) - used)
+    if empty:
+        raise ValueError(
+            f"cohort {empty[0]} has no team under it; give a team `cohort: {empty[0]}` (or "
+            "one of its sub-cohorts), or remove it"
+        )
 
 
 def _groups(spec: NodePoolSpec | NodeSpec, where: str) -> tuple[int, ...]:
@@ -252,6 +328,46 @@ def build_teams(spec: TeamsSpec) -> dict[str, Team]:
             )
         models = _model_quotas(t)
         out[t.name] = Team(t.name, nominal, borrowing, lending.clamp_low(), t.weight, models)
+    if not spec.cohorts:
+        return out
+    cohorts = _build_cohorts(spec, out)
+    for t in spec.teams:
+        path: list[Cohort] = []
+        name = t.cohort
+        while name is not None:
+            path.append(cohorts[name])
+            name = cohorts[name].parent
+        out[t.name] = replace(out[t.name], cohorts=tuple(path))
+    return out
+
+
+def _build_cohorts(spec: TeamsSpec, teams: Mapping[str, Team]) -> dict[str, Cohort]:
+    """Each cohort with its quota: its own nominal plus what its teams and sub-cohorts lend
+    it, worked out from the leaves up."""
+    by_name = {c.name: c for c in spec.cohorts}
+    depth = {}
+    for c in spec.cohorts:
+        d, at = 0, c
+        while at.parent is not None:
+            at, d = by_name[at.parent], d + 1
+        depth[c.name] = d
+    lent: dict[str, Resources] = {}  # cohort -> what its children lend it
+    for t in spec.teams:
+        if t.cohort is not None:
+            lent[t.cohort] = lent.get(t.cohort, ZERO) + teams[t.name].lends
+    out: dict[str, Cohort] = {}
+    unlimited = Resources(UNLIMITED, UNLIMITED, UNLIMITED)
+    for c in sorted(spec.cohorts, key=lambda c: -depth[c.name]):  # the deepest first
+        nominal = _limit(c.nominal, ZERO)
+        raw = nominal + lent.get(c.name, ZERO)
+        quota = Resources(min(raw.gpu, UNLIMITED), min(raw.cpu, UNLIMITED), min(raw.mem, UNLIMITED))
+        lending = None if c.lending_limit is None else _limit(c.lending_limit, quota)
+        cohort = Cohort(
+            c.name, c.parent, nominal, _limit(c.borrowing_limit, unlimited), lending, quota
+        )
+        out[c.name] = cohort
+        if c.parent is not None:
+            lent[c.parent] = lent.get(c.parent, ZERO) + cohort.lends
     return out
 
 

@@ -1,10 +1,18 @@
-"""Team quotas: nominal (guaranteed), borrowing and lending, in one cohort of all teams.
+"""Team quotas: nominal (guaranteed), borrowing and lending, in a tree of cohorts.
 
 The model follows Kueue's cohorts. Each team's nominal quota is split into a guaranteed part
 (nominal - lending_limit), which only it may use, and a lendable part, which goes into a pool
 shared by the cohort. A team may use its guaranteed part plus whatever of the pool is free, up to
 nominal + borrowing_limit. Usage above nominal is *borrowed*: it may be reclaimed by preemption
 when its lender wants it back.
+
+Teams may sit in an organization tree (`teams.yaml`'s `cohorts:`, each with an optional
+parent), as Kueue's hierarchical cohorts: a cohort's quota is its own nominal plus what its
+children lend it; it keeps a guaranteed part for its subtree (quota - lending_limit) and lends
+the rest to its parent's pool, and its subtree's use beyond its quota, drawn from the parent,
+stays within its borrowing limit. So unused quota is lent first inside the closest cohort,
+then further up, within every level's limits. Without cohorts every team is a child of the
+one cohort of all teams, the flat pool above, at no cost.
 
 Resources a team's nominal does not mention are not limited by quota (only by the cluster).
 """
@@ -42,6 +50,31 @@ class ModelQuota:
 
 
 @dataclass(frozen=True, slots=True)
+class Cohort:
+    """A node of the organization tree (a department, a group of teams), with what its
+    subtree's teams and cohorts lend it (`quota`, worked out when the teams file is read,
+    `config.build_teams`). Limits unset are UNLIMITED (borrowing) or all of its quota
+    (lending); `nominal` is its own quota, beside what its children lend it."""
+
+    name: str
+    parent: str | None
+    nominal: Resources
+    borrowing_limit: Resources
+    lending_limit: Resources | None
+    quota: Resources  # own nominal + what its children lend it
+    guaranteed: Resources = field(init=False, repr=False, compare=False)
+    ceiling: Resources = field(init=False, repr=False, compare=False)  # quota + borrowing
+    lends: Resources = field(init=False, repr=False, compare=False)  # to its parent's pool
+
+    def __post_init__(self) -> None:
+        lending = self.quota if self.lending_limit is None else self.lending_limit
+        guaranteed = (self.quota - lending).clamp_low()
+        object.__setattr__(self, "guaranteed", guaranteed)
+        object.__setattr__(self, "ceiling", _cap(self.quota + self.borrowing_limit))
+        object.__setattr__(self, "lends", _cap(self.quota - guaranteed))
+
+
+@dataclass(frozen=True, slots=True)
 class Team:
     """A team's quota. Unset limits are UNLIMITED (borrowing) or all of nominal (lending)."""
 
@@ -51,6 +84,9 @@ class Team:
     lending_limit: Resources
     weight: float = 1.0
     models: tuple[ModelQuota, ...] = ()  # per GPU model, where the team declares any key
+    # Its cohorts, the closest first, up to a top-level one (empty: a child of the cohort of
+    # all teams, the tree's root, which has no limits of its own).
+    cohorts: tuple[Cohort, ...] = ()
     # Derived once (every submission asks): the part only this team may use, the most it
     # may ever use (nominal + borrowing limit), and what it puts into the cohort's pool.
     guaranteed: Resources = field(init=False, repr=False, compare=False)
@@ -72,9 +108,17 @@ class QuotaProblem:
     """Why a request does not fit a team's quota right now."""
 
     resource: str  # gpus | cpus | memory_gb
-    limit: str  # borrowing_limit | cohort | nominal_non_preemptible
+    # borrowing_limit | cohort (the root's pool) | nominal_non_preemptible | cohort_limit:<name>
+    # (a cohort of the tree would exceed its quota + borrowing limit)
+    limit: str
 
     def message(self, team: str) -> str:
+        if self.limit.startswith(COHORT_LIMIT):
+            cohort = self.limit[len(COHORT_LIMIT) :]
+            return (
+                f"cohort {cohort} (of team {team}) would exceed its quota + borrowing_limit for "
+                f"{self.resource}: its teams use what it has and may borrow"
+            )
         if self.limit == "borrowing_limit":
             return f"team {team} would exceed nominal + borrowing_limit for {self.resource}"
         if self.limit == "nominal_non_preemptible":
@@ -85,6 +129,7 @@ class QuotaProblem:
         return f"the cohort has no idle {self.resource} left to lend to team {team}"
 
 
+COHORT_LIMIT = "cohort_limit:"
 _NO_MODELS: Mapping[str, ModelQuota] = {}
 
 
@@ -123,11 +168,73 @@ _PROBLEMS = {
 
 
 def cohort_pool(teams: Mapping[str, Team]) -> Resources:
-    """What the teams lend to each other in all: the sum of their lending limits."""
+    """The root's pool: what the teams outside any cohort and the top-level cohorts lend to
+    each other in all (without cohorts: the sum of the teams' lending limits)."""
     pool = ZERO
+    tops: dict[str, Cohort] = {}
     for t in teams.values():
-        pool = pool + t.lends
-    return pool
+        if t.cohorts:
+            tops[t.cohorts[-1].name] = t.cohorts[-1]
+        else:
+            pool = pool + t.lends
+    for c in tops.values():
+        pool = pool + c.lends
+    return _cap(pool)
+
+
+def reachable(team: Team, teams: Mapping[str, Team]) -> Resources:
+    """The most the team could ever use, every other team using nothing: its guaranteed part
+    plus what the pools up its cohorts could lend it, within every level's limits."""
+    room = cohort_pool(teams)  # what the root's pool holds
+    for c in reversed(team.cohorts):  # from the top down: what each level may hold
+        room = _least(c.ceiling, c.guaranteed + room)
+    return _least(team.ceiling, team.guaranteed + room)
+
+
+def tree_excess(
+    teams: Mapping[str, Team], usage: Mapping[str, Resources]
+) -> tuple[str, str] | None:
+    """The first cohort (or "" for the root) whose limits `usage` (team -> usage) breaks,
+    with the resource; None when every level holds. The teams' own ceilings are not tested.
+    For the audit and tests: the ledger keeps the same sums as usage changes."""
+    stored: dict[str, Resources] = {}  # cohort -> what its children draw on its pool
+    root = ZERO
+    for name, t in teams.items():
+        draw = (usage.get(name, ZERO) - t.guaranteed).clamp_low()
+        if t.cohorts:
+            c = t.cohorts[0].name
+            stored[c] = stored.get(c, ZERO) + draw
+        else:
+            root = root + draw
+    # Cohorts deepest first, so each adds its draw to its parent's before the parent's turn.
+    order = sorted(_cohorts(teams).values(), key=lambda c: -_depth(c, teams))
+    for c in order:
+        used = stored.get(c.name, ZERO)
+        over = used.first_excess(c.ceiling)
+        if over:
+            return c.name, over
+        draw = (used - c.guaranteed).clamp_low()
+        if c.parent is None:
+            root = root + draw
+        else:
+            stored[c.parent] = stored.get(c.parent, ZERO) + draw
+    over = root.first_excess(cohort_pool(teams))
+    return ("", over) if over else None
+
+
+def _cohorts(teams: Mapping[str, Team]) -> dict[str, Cohort]:
+    return {c.name: c for t in teams.values() for c in t.cohorts}
+
+
+def _depth(c: Cohort, teams: Mapping[str, Team]) -> int:
+    by_name, depth = _cohorts(teams), 0
+    while c.parent is not None:
+        c, depth = by_name[c.parent], depth + 1
+    return depth
+
+
+def _least(a: Resources, b: Resources) -> Resources:
+    return Resources(min(a.gpu, b.gpu), min(a.cpu, b.cpu), min(a.mem, b.mem))
 
 
 def below_nominal_after(used: tuple[int, int, int], release: Resources, nominal: Resources) -> bool:
@@ -171,7 +278,9 @@ class QuotaLedger:
         "_guaranteed",
         "_models",
         "_nominal",
+        "_paths",
         "borrowers",
+        "cohort_used",
         "model_pool_capacity",
         "model_pool_used",
         "model_usage",
@@ -194,6 +303,10 @@ class QuotaLedger:
         self.pool_capacity = cohort_pool(teams)
         self.pool_used = ZERO
         self.borrowers: set[str] = set()  # teams using more than their nominal of something
+        # The organization tree: each team's cohorts (closest first), and what each cohort's
+        # children draw on its pool. Empty without cohorts: the flat pool alone.
+        self._paths = {name: t.cohorts for name, t in teams.items() if t.cohorts}
+        self.cohort_used: dict[str, Resources] = {}
         # Per-model quotas (`gpus.<MODEL>` keys): every team's quota of each governed model,
         # its usage of it (milli-GPUs) and each such model's lending pool (`model_quotas`).
         # Empty for most clusters: then nothing below costs anything.
@@ -211,6 +324,8 @@ class QuotaLedger:
         new.pool_capacity = self.pool_capacity
         new.pool_used = self.pool_used
         new.borrowers = set(self.borrowers)
+        new._paths = self._paths
+        new.cohort_used = dict(self.cohort_used) if self._paths else self.cohort_used
         new._models = self._models
         new.model_pool_capacity = self.model_pool_capacity
         # Copied only where some team declares a model (else never written: with no governed
@@ -288,12 +403,50 @@ class QuotaLedger:
         # The team's draw on the lending pool: what it uses beyond its guaranteed part.
         g, used, cap = self._guaranteed[team], self.pool_used, self.pool_capacity
         gg, gc, gm = g.gpu, g.cpu, g.mem
+        path = self._paths.get(team) if self._paths else None
+        if path:
+            return self._tree_problem(path, u, g, ag, ac, am)
         if ag > gg and used.gpu + (ag - gg) - (u.gpu - gg if u.gpu > gg else 0) > cap.gpu:
             return _PROBLEMS["gpus", "cohort"]
         if ac > gc and used.cpu + (ac - gc) - (u.cpu - gc if u.cpu > gc else 0) > cap.cpu:
             return _PROBLEMS["cpus", "cohort"]
         if am > gm and used.mem + (am - gm) - (u.mem - gm if u.mem > gm else 0) > cap.mem:
             return _PROBLEMS["memory_gb", "cohort"]
+        return None
+
+    def _tree_problem(
+        self,
+        path: tuple[Cohort, ...],
+        u: Resources,
+        g: Resources,
+        ag: int,
+        ac: int,
+        am: int,
+    ) -> QuotaProblem | None:
+        """`check` for a team in cohorts: its draw's change, carried up its cohorts (each
+        holds its teams' use up to its guaranteed part, and draws the rest on its parent's
+        pool), breaks no cohort's quota + borrowing limit and fits the root's pool."""
+        d = [
+            _draw(ag, g.gpu) - _draw(u.gpu, g.gpu),
+            _draw(ac, g.cpu) - _draw(u.cpu, g.cpu),
+            _draw(am, g.mem) - _draw(u.mem, g.mem),
+        ]
+        for c in path:
+            if not any(d):
+                return None  # nothing changes further up
+            s = self.cohort_used.get(c.name, ZERO)
+            before, ceiling, kept = (s.gpu, s.cpu, s.mem), c.ceiling, c.guaranteed
+            limits = (ceiling.gpu, ceiling.cpu, ceiling.mem)
+            keeps = (kept.gpu, kept.cpu, kept.mem)
+            for i, resource in enumerate(_RESOURCES):
+                after = before[i] + d[i]
+                if d[i] > 0 and after > limits[i]:
+                    return QuotaProblem(resource, COHORT_LIMIT + c.name)
+                d[i] = _draw(after, keeps[i]) - _draw(before[i], keeps[i])
+        p, cap = self.pool_used, self.pool_capacity
+        for i, (used, most) in enumerate(((p.gpu, cap.gpu), (p.cpu, cap.cpu), (p.mem, cap.mem))):
+            if d[i] > 0 and used + d[i] > most:
+                return _PROBLEMS[_RESOURCES[i], "cohort"]
         return None
 
     def _own_limits(
@@ -384,11 +537,21 @@ class QuotaLedger:
         self.usage[team] = Resources(ag, ac, am)
         g, p = self._guaranteed[team], self.pool_used
         gg, gc, gm = g.gpu, g.cpu, g.mem
-        self.pool_used = Resources(
-            p.gpu + (ag - gg if ag > gg else 0) - (bg - gg if bg > gg else 0),
-            p.cpu + (ac - gc if ac > gc else 0) - (bc - gc if bc > gc else 0),
-            p.mem + (am - gm if am > gm else 0) - (bm - gm if bm > gm else 0),
-        )
+        dg = (ag - gg if ag > gg else 0) - (bg - gg if bg > gg else 0)
+        dc = (ac - gc if ac > gc else 0) - (bc - gc if bc > gc else 0)
+        dm = (am - gm if am > gm else 0) - (bm - gm if bm > gm else 0)
+        path = self._paths.get(team) if self._paths else None
+        if path:  # carried up the team's cohorts: what reaches the root's pool
+            for c in path:
+                if not (dg or dc or dm):
+                    break
+                s, k = self.cohort_used.get(c.name, ZERO), c.guaranteed
+                after = Resources(s.gpu + dg, s.cpu + dc, s.mem + dm)
+                self.cohort_used[c.name] = after
+                dg = _draw(after.gpu, k.gpu) - _draw(s.gpu, k.gpu)
+                dc = _draw(after.cpu, k.cpu) - _draw(s.cpu, k.cpu)
+                dm = _draw(after.mem, k.mem) - _draw(s.mem, k.mem)
+        self.pool_used = Resources(p.gpu + dg, p.cpu + dc, p.mem + dm)
         n = self._nominal[team]
         if ag > n.gpu or ac > n.cpu or am > n.mem:
             self.borrowers.add(team)
@@ -424,3 +587,11 @@ class QuotaLedger:
         if total.mem:
             share = max(share, u.mem / total.mem)
         return share / self.teams[team].weight
+
+
+_RESOURCES = ("gpus", "cpus", "memory_gb")
+
+
+def _draw(used: int, guaranteed: int) -> int:
+    """What a usage draws on its parent's pool: the part beyond the guaranteed one."""
+    return used - guaranteed if used > guaranteed else 0

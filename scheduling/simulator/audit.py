@@ -142,6 +142,7 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
         self.ceiling = {n: t.nominal + t.borrowing_limit for n, t in teams.items()}
         self.guaranteed = {n: (t.nominal - t.lending_limit).clamp_low() for n, t in teams.items()}
         self.pool = sum((t.lending_limit for t in teams.values()), ZERO)
+        self.tree = any(t.cohorts for t in teams.values())  # an organization tree
         self.init_models(policy.quotas and not policy.gangs.holds_partial)
         # The current cycle: team GPU usage before it, and its releases and takes in log order.
         self.base: dict[str, int] | None = None

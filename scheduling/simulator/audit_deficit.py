@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from scheduling.cluster import GPU_GROUP
+from scheduling.quota import tree_excess
 from scheduling.resources import GPU_UNIT, ZERO, Resources
 from scheduling.simulator.trace import TraceJob
 
@@ -290,12 +291,14 @@ class DeficitBound:
             return None  # its team just lost a job of higher priority, which goes first
         drawn = sum(draws.values(), ZERO) - draws[team]
         drawn = drawn + (hi[team] + d - self.guaranteed[team]).clamp_low()
+        # In an organization tree the pools are per cohort: the usages themselves are tested.
+        tree = {**hi, team: hi[team] + d} if self.tree else None
         best: Victim | None = None
         for v in victims:
             u = v.job.team
             if u == team or (best is not None and v.start >= best.start):
                 continue
-            if self.reclaims(job, d, v, drawn - draws[u], hi[u], rec):
+            if self.reclaims(job, d, v, drawn - draws[u], hi[u], rec, tree):
                 best = v
         return best
 
@@ -307,25 +310,33 @@ class DeficitBound:
         drawn_but_v: Resources,
         v_usage: Resources,
         rec: Instant,
+        tree: Mapping[str, Resources] | None = None,
     ) -> bool:
         """Would taking `v` alone make room for `job` (gang demand `d`)? `drawn_but_v`: what
-        every team but v's draws on the cohort's pool, the job's team with the job."""
+        every team but v's draws on the cohort's pool, the job's team with the job; `tree`,
+        in an organization tree: every team's usage, the job's team's with the job."""
         u = v.job.team
+
+        def lends(v_left: Resources) -> bool:
+            """Do the pools lend the job's team what it draws, v's team using `v_left`?"""
+            if tree is not None:
+                return tree_excess(self.teams, {**tree, u: v_left}) is None
+            pool = drawn_but_v + (v_left - self.guaranteed[u]).clamp_low()
+            return pool.first_excess(self.pool) is None
+
         # The totals' reclaim (preemption.py): the cohort's pool and the model's with the
         # victim gone (its trial ledgers give back the victims' GPUs of each model too).
-        pool = drawn_but_v + (v_usage - v.demand - self.guaranteed[u]).clamp_low()
         if (
             v.total
-            and pool.first_excess(self.pool) is None
+            and lends(v_usage - v.demand)
             and any(self.fits(job, d, room, rec, v, any_model=True) for room in v.rooms)
         ):
             return True
         # A model's reclaim (model_reclaim.py), tried where the job fits its team's total quota
         # as it is: the model's pool with the victim gone, on the victim's model.
-        pool = drawn_but_v + (v_usage - self.guaranteed[u]).clamp_low()
         return (
             v.model is not None
-            and pool.first_excess(self.pool) is None
+            and lends(v_usage)
             and any(self.fits(job, d, room, rec, v) for room in v.rooms)
         )
 

@@ -14,7 +14,8 @@ import math
 from typing import Any
 
 from scheduling.cluster import CLUSTER, GPU_GROUP, NODE, Cluster
-from scheduling.resources import GPU_UNIT, ZERO, Resources, gpu_request_problem
+from scheduling.quota import reachable, tree_excess
+from scheduling.resources import GPU_UNIT, Resources, gpu_request_problem
 from scheduling.simulator.trace import TraceJob
 
 __all__ = ["RuleChecks", "gang_gpus"]
@@ -67,12 +68,17 @@ class RuleChecks:
         over = self.usage[team].first_excess(self.ceiling[team])
         if over:
             self.flag(job.job_id, "quota", f"team {team} is above nominal + borrowing in {over}")
-        borrowed = ZERO
-        for name, u in self.usage.items():
-            borrowed = borrowed + (u - self.guaranteed[name]).clamp_low()
-        over = borrowed.first_excess(self.pool)
-        if over:
-            self.flag(job.job_id, "quota", f"the cohort lends more {over} than its teams lend")
+        broken = tree_excess(self.teams, self.usage)
+        if broken is not None:
+            cohort, over = broken
+            if cohort:
+                self.flag(
+                    job.job_id,
+                    "quota",
+                    f"cohort {cohort} uses more {over} than its quota + borrowing_limit",
+                )
+            else:
+                self.flag(job.job_id, "quota", f"the cohort lends more {over} than its teams lend")
 
     def check_duration(self, job: TraceJob, timed_out: bool = False) -> None:
         start, slowdown, restart, speed = self.started.pop(job.job_id)
@@ -235,21 +241,7 @@ class RuleChecks:
         )
         if self.policy.quotas:
             team = self.teams[job.team]
-            reach = team.guaranteed + self.pool
-            reach = Resources(
-                *(
-                    min(a, b)
-                    for a, b in zip(
-                        (reach.gpu, reach.cpu, reach.mem),
-                        (
-                            self.ceiling[job.team].gpu,
-                            self.ceiling[job.team].cpu,
-                            self.ceiling[job.team].mem,
-                        ),
-                        strict=True,
-                    )
-                )
-            )
+            reach = reachable(team, self.teams)  # within its ceiling and its cohorts' limits
             if not job.preemptible:
                 n = team.nominal
                 reach = Resources(

@@ -1,0 +1,287 @@
+"""The organization tree (`cohorts:` in teams.yaml, Kueue's hierarchical cohorts): unused quota
+is lent first inside the closest cohort, then further up, within every level's lending and
+borrowing limits. The ledger is checked against Kueue's own formula for what a node may still
+use, the engine and the audit on a replay, and the audit on a log that breaks a level."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from builders import World, admitted, cluster, job
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduling.admission import check_job
+from scheduling.config import ConfigError, parse_teams
+from scheduling.decisions import Reason
+from scheduling.quota import Cohort, QuotaLedger, Team, cohort_pool, reachable, tree_excess
+from scheduling.resources import UNLIMITED, ZERO, Resources
+from scheduling.simulator.audit import audit, audit_or_raise
+from scheduling.simulator.baselines import POLICIES
+from scheduling.simulator.sim import simulate
+from scheduling.simulator.trace import TraceJob
+
+# research (lends at most 4 of its 16) holds nlp (a) and b; c sits at the root.
+TREE = {
+    "cohorts": [
+        {"name": "research", "lending_limit": {"gpus": 4}},
+        {"name": "nlp", "parent": "research"},
+    ],
+    "teams": [
+        {"name": "a", "cohort": "nlp", "nominal": {"gpus": 8}},
+        {"name": "b", "cohort": "research", "nominal": {"gpus": 8}},
+        {"name": "c", "nominal": {"gpus": 8}},
+    ],
+}
+
+
+def test_quota_is_lent_inside_the_closest_cohort_first_then_up_within_its_lending_limit() -> None:
+    tm = parse_teams(TREE)
+    research = tm["b"].cohorts[0]
+    assert (research.quota.gpu, research.guaranteed.gpu, research.lends.gpu) == (16000, 12000, 4000)
+    assert cohort_pool(tm).gpu == 12000  # research lends 4, c all of its 8
+    assert reachable(tm["c"], tm).gpu == 12000  # c's 8 and the 4 research lends
+    assert reachable(tm["a"], tm).gpu == 24000  # all of research's and c's
+    q = QuotaLedger(tm)
+    q.add("a", Resources.of(14))  # a borrows b's 6 idle GPUs inside research
+    assert q.check("c", Resources.of(10)) is None  # research still lends 2 of its 4...
+    assert q.check("c", Resources.of(11)).limit == "cohort"  # ... not 3
+    q.add("c", Resources.of(10))
+    # The 4 research lends sit in the root's pool, 2 drawn by a and 2 by c: b, below its
+    # nominal, gets its last 2 GPUs back by reclaiming c's, as in Kueue.
+    assert q.check("b", Resources.of(2)).limit == "cohort"
+    q.remove("c", Resources.of(2))
+    assert q.check("b", Resources.of(2)) is None
+
+
+def test_a_cohorts_borrowing_limit_caps_what_its_subtree_takes_from_the_rest() -> None:
+    tm = parse_teams(
+        {
+            "cohorts": [{"name": "vision", "borrowing_limit": {"gpus": 2}}],
+            "teams": [
+                {"name": "a", "cohort": "vision", "nominal": {"gpus": 4}},
+                {"name": "b", "cohort": "vision", "nominal": {"gpus": 4}},
+                {"name": "c", "nominal": {"gpus": 8}},
+            ],
+        }
+    )
+    w = World(cluster(nodes=2, gpus=8), tm)
+    w.submit(*[job(f"a{i}", "a", gpus=1) for i in range(12)])
+    res = w.cycle()
+    assert len(admitted(res)) == 10  # vision's 8 and 2 borrowed from c: its limit
+    reason = res.reason_for(w.state.pending["a10"])
+    assert reason.code == Reason.QUOTA and "cohort vision" in reason.message
+    assert "borrowing_limit" in reason.message
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        ({"cohorts": [{"name": "x", "parent": "y"}]}, "parent 'y' is not a cohort"),
+        (
+            {"cohorts": [{"name": "x", "parent": "y"}, {"name": "y", "parent": "x"}]},
+            "cycle: x -> y -> x",
+        ),
+        ({"cohorts": [{"name": "x"}], "cohort": "z"}, "cohort 'z' is not declared"),
+        ({"cohorts": [{"name": "x"}, {"name": "lonely"}]}, "cohort lonely has no team"),
+        ({"cohorts": [{"name": "a"}]}, "share the name 'a'"),
+        ({"cohorts": [{"name": "x", "nominal": {"gpus.H100": 2}}]}, "a team's, not a cohort's"),
+        ({"cohorts": [{"name": "x"}, {"name": "x"}]}, "cohort names must be unique"),
+    ],
+)
+def test_a_bad_tree_is_refused_naming_what_to_fix(data: dict[str, Any], words: str) -> None:
+    team = {"name": "a", "cohort": data.pop("cohort", "x"), "nominal": {"gpus": 1}}
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(")):
+        parse_teams({**data, "teams": [team]})
+
+
+def _available(teams: dict[str, Team], usage: dict[str, Resources], team: str, attr: str) -> int:
+    """Kueue's `available` (pkg/cache/hierarchy): what a node may still use, written the way
+    Kueue writes it, node by node from the team up to the root, for one resource."""
+    cohorts = {c.name: c for t in teams.values() for c in t.cohorts}
+
+    def get(r: Resources) -> int:
+        return getattr(r, attr)
+
+    def node_usage(name: str | None) -> int:  # a cohort's (None: the root's): its children's draws
+        total = 0
+        for t in teams.values():
+            parent = t.cohorts[0].name if t.cohorts else None
+            if parent == name:
+                total += max(0, get(usage[t.name]) - get(t.guaranteed))
+        for c in cohorts.values():
+            if c.parent == name:
+                total += max(0, node_usage(c.name) - get(c.guaranteed))
+        return total
+
+    def available(quota: int, kept: int, used: int, borrow: int, parent: Cohort | None) -> int:
+        if parent is None:  # below the root
+            parent_available = get(cohort_pool(teams)) - node_usage(None)
+        else:
+            parent_available = available(
+                get(parent.quota),
+                get(parent.guaranteed),
+                node_usage(parent.name),
+                get(parent.borrowing_limit),
+                cohorts[parent.parent] if parent.parent else None,
+            )
+        if borrow < UNLIMITED:
+            parent_available = min(parent_available, quota - kept - max(0, used - kept) + borrow)
+        return max(0, kept - used) + parent_available
+
+    t = teams[team]
+    return available(
+        get(t.nominal),
+        get(t.guaranteed),
+        get(usage[team]),
+        get(t.borrowing_limit),
+        t.cohorts[0] if t.cohorts else None,
+    )
+
+
+def _maps(nominal: int, lend: int | None, borrow: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"nominal": {"gpus": nominal, "cpus": 16}}
+    if lend is not None:
+        out["lending_limit"] = {"gpus": min(lend, nominal)}
+    if borrow is not None:
+        out["borrowing_limit"] = {"gpus": borrow}
+    return out
+
+
+limits = st.one_of(st.none(), st.integers(0, 6))
+
+
+@st.composite
+def trees(draw: st.DrawFn) -> dict[str, Any]:
+    """Two departments (one with a lab inside), a team in each cohort and one at the root,
+    every quota and limit drawn; the cohorts' own nominal too."""
+    cohorts = []
+    for name, parent in (("dept1", None), ("lab", "dept1"), ("dept2", None)):
+        c: dict[str, Any] = {"name": name}
+        if parent:
+            c["parent"] = parent
+        own, lend, borrow = draw(st.integers(0, 4)), draw(limits), draw(limits)
+        if own:
+            c["nominal"] = {"gpus": own}
+        if lend is not None:
+            c["lending_limit"] = {"gpus": lend}
+        if borrow is not None:
+            c["borrowing_limit"] = {"gpus": borrow}
+        cohorts.append(c)
+    teams = []
+    for name, cohort in (("a", "lab"), ("b", "dept1"), ("c", "dept2"), ("d", None)):
+        t = {"name": name, **_maps(draw(st.integers(0, 8)), draw(limits), draw(limits))}
+        if cohort:
+            t["cohort"] = cohort
+        teams.append(t)
+    return {"cohorts": cohorts, "teams": teams}
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(
+    trees(),
+    st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 6), st.booleans()), max_size=25),
+)
+def test_the_ledger_agrees_with_kueues_available_at_every_step(tree: dict, steps: list) -> None:
+    tm = parse_teams(tree)
+    q = QuotaLedger(tm)
+    usage = {name: ZERO for name in tm}
+    for team, gpus, add in steps:
+        r = Resources.of(gpus, 1)
+        problem = q.check(team, r)
+        fits = r.gpu <= _available(tm, usage, team, "gpu") and r.cpu <= _available(
+            tm, usage, team, "cpu"
+        )
+        assert (problem is None) == fits, (team, gpus, usage, problem)
+        if problem is None and add:
+            q.add(team, r)
+            usage[team] = usage[team] + r
+        elif not add and usage[team].gpu >= r.gpu and usage[team].cpu >= r.cpu:
+            q.remove(team, r)
+            usage[team] = usage[team] - r
+        assert tree_excess(tm, usage) is None  # the ledger never lets a level break
+        assert q.usage == usage
+        # What the ledger keeps per cohort is what the tree's sums say.
+        clone = q.clone()
+        assert clone.cohort_used == q.cohort_used and clone.pool_used == q.pool_used
+
+
+def _trace() -> list[TraceJob]:
+    jobs = []
+    for i in range(60):
+        team = "abc"[i % 3]
+        jobs.append(TraceJob(f"j{i}", i * 30.0, team, 1 + i % 2, 2.0, 600 + 37 * (i % 7)))
+    return jobs
+
+
+@pytest.mark.parametrize("policy", ["berth", "kueue-tas"])
+def test_a_replay_under_a_tree_keeps_every_level_and_the_audit_checks_it(policy: str) -> None:
+    tm = parse_teams(TREE)
+    cl = cluster(nodes=3, gpus=8)
+    trace = _trace()
+    result = simulate(cl, tm, trace, POLICIES[policy])
+    by_id = {j.job_id: j for j in trace}
+    audit_or_raise(result.events, cl, tm, POLICIES[policy], by_id)
+    assert sum(e["type"] == "finish" for e in result.events) == len(trace)
+
+
+def test_the_audit_flags_a_log_where_a_cohort_takes_more_than_its_limits() -> None:
+    """c (at the root) may borrow only the 4 GPUs research lends: a log in which it holds 16
+    breaks the root's pool; one in which research's teams hold 18 of a 16 + 0 ceiling breaks
+    research's borrowing limit."""
+    tm = parse_teams(
+        {
+            **TREE,
+            "cohorts": [
+                {"name": "research", "lending_limit": {"gpus": 4}, "borrowing_limit": {"gpus": 0}},
+                {"name": "nlp", "parent": "research"},
+            ],
+        }
+    )
+    cl = cluster(nodes=3, gpus=8)
+    jobs = {
+        "big-c": TraceJob("big-c", 0.0, "c", 2, 8.0, 100.0),
+        "big-a": TraceJob("big-a", 0.0, "a", 2, 8.0, 100.0),
+        "more-b": TraceJob("more-b", 0.0, "b", 1, 2.0, 100.0),
+    }
+
+    def log(*admits: tuple[str, list[tuple[str, list[int]]]]) -> list[dict[str, Any]]:
+        events = []
+        for job_id, _ in admits:
+            j = jobs[job_id]
+            events.append({"t": 0.0, "type": "submit", "job": job_id, "team": j.team})
+        for job_id, placement in admits:
+            events.append(
+                {
+                    "t": 0.0,
+                    "type": "admit",
+                    "job": job_id,
+                    "team": jobs[job_id].team,
+                    "placement": [{"node": n, "gpus": g} for n, g in placement],
+                    "level": "cluster",
+                    "slowdown": 1.0,
+                }
+            )
+        return events
+
+    full = list(range(8))
+    root = audit(log(("big-c", [("n0", full), ("n1", full)])), cl, tm, POLICIES["berth"], jobs)
+    assert any("the cohort lends more gpus" in v.message for v in root), root
+    over = audit(
+        log(("big-a", [("n0", full), ("n1", full)]), ("more-b", [("n2", [0, 1])])),
+        cl,
+        tm,
+        POLICIES["berth"],
+        jobs,
+    )
+    assert any("cohort research uses more gpus" in v.message for v in over), over
+
+
+def test_a_job_larger_than_its_tree_lets_it_ever_hold_is_rejected() -> None:
+    tm = parse_teams(TREE)
+    cl = cluster(nodes=3, gpus=8)
+    assert check_job(job("fits", "c", gpus=6, replicas=2), cl, tm) is None  # 12 of 12
+    rejection = check_job(job("huge", "c", gpus=8, replicas=2), cl, tm)
+    assert rejection is not None and rejection.field == "replicas"
+    assert "may hold at most 12" in rejection.message and "cohorts" in rejection.message
