@@ -284,7 +284,5 @@ def recoverable_exit_code(v: int) -> int:
     if v == 0:
         raise ValueError("0 is success, not a failure to recover from; give codes such as 75")
     if not (-64 <= v <= 255):
-        raise ValueError(
-            f"must be an exit code from 1 to 255, or a signal from -1 to -64, got {v}"
-        )
+        raise ValueError(f"must be an exit code from 1 to 255, or a signal from -1 to -64, got {v}")
     return v

@@ -57,7 +57,10 @@ def schedule(snapshot: Snapshot, policy: Policy, shortcuts: Shortcuts = FAST) ->
     cycle = Cycle(snapshot, policy, shortcuts)  # 1. copy
     policy.gangs.bind_held(cycle)  # 2. gangs
     cycle.hide_reservations()  # 3. reserve
-    candidates = Candidates(snapshot, policy.ordering, cycle.share, cycle.borrows)  # 4. order
+    # 4. order; in an organization tree a team's admission moves its cohorts' shares, which
+    # the keys of the teams under its top cohort hold too
+    related = cycle.quota.same_top if cycle.quota.tree else _alone
+    candidates = Candidates(snapshot, policy.ordering, cycle.share, cycle.borrows, related)
     for pending in candidates:
         cycle.nominate(pending, candidates)  # 5. nominate
         if cycle.stopped_by is not None:
@@ -68,6 +71,10 @@ def schedule(snapshot: Snapshot, policy: Policy, shortcuts: Shortcuts = FAST) ->
         r.reservations == snapshot.reservations
     )
     return r
+
+
+def _alone(team: str) -> tuple[str, ...]:
+    return (team,)
 
 
 # A team that lost a job at this instant admits none of lower priority at this instant (no
@@ -123,7 +130,9 @@ class Cycle(PreemptionSteps):
         self.shadows = Shadows(snap)  # when each reservation's nodes drain (EASY backfill)
         self.running_floor: dict[str, int | None] = {}  # team -> its lowest running priority
 
-    def share(self, team: str) -> float:
+    def share(self, team: str) -> float | tuple[float, ...]:
+        if self.quota.tree:  # a department's share first, then its teams'
+            return self.quota.tree_share(team, self.total)
         return self.quota.dominant_share(team, self.total)
 
     def borrows(self, pending: Pending) -> bool:

@@ -24,7 +24,7 @@ Merging the class cursors with a heap gives exactly the order of merging whole t
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from scheduling.jobs import Pending
 from scheduling.snapshot import Snapshot
@@ -45,14 +45,16 @@ class Candidates:
         self,
         snap: Snapshot,
         ordering: Ordering,
-        share: Callable[[str], float],
+        share: Callable[[str], float | tuple[float, ...]],
         borrows: Callable[[Pending], bool],
+        related: Callable[[str], Iterable[str]],
     ) -> None:
         self._share_of = share
+        self._related = related
         self.borrows = borrows
         self._key_of = ordering.across
         self._within = within = ordering.within
-        self._shares: dict[str, float] = {}  # per team, until its usage changes
+        self._shares: dict[str, float | tuple[float, ...]] = {}  # per team, until it changes
         self._version: dict[str, int] = {}
         self._closed_classes: set[tuple[str, tuple]] = set()
         self._queues = snap.queues
@@ -74,17 +76,20 @@ class Candidates:
             self._heap.append((self._key_of(self, entries[0][2], team), 0, team))
         heapq.heapify(self._heap)
 
-    def share(self, team: str) -> float:
+    def share(self, team: str) -> float | tuple[float, ...]:
         share = self._shares.get(team)
         if share is None:
             share = self._shares[team] = self._share_of(team)
         return share
 
     def changed(self, team: str) -> None:
-        """The team's usage changed (admission or preemption): its head's key must be re-read."""
-        if team in self._version:
-            self._version[team] += 1
-            self._shares.pop(team, None)
+        """The team's usage changed (admission or preemption): its head's key must be re-read,
+        and in an organization tree those of the teams under its top cohort, whose cohorts'
+        shares in their keys moved with it."""
+        for member in self._related(team):
+            if member in self._version:
+                self._version[member] += 1
+            self._shares.pop(member, None)
 
     def close_class(self, team: str, shape: tuple) -> None:
         self._closed_classes.add((team, shape))

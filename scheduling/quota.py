@@ -276,6 +276,7 @@ class QuotaLedger:
     __slots__ = (
         "_ceiling",
         "_guaranteed",
+        "_members",
         "_models",
         "_nominal",
         "_paths",
@@ -307,6 +308,11 @@ class QuotaLedger:
         # children draw on its pool. Empty without cohorts: the flat pool alone.
         self._paths = {name: t.cohorts for name, t in teams.items() if t.cohorts}
         self.cohort_used: dict[str, Resources] = {}
+        members: dict[str, list[str]] = {}  # cohort -> the teams under it, at any depth
+        for name, path in self._paths.items():
+            for c in path:
+                members.setdefault(c.name, []).append(name)
+        self._members = {c: tuple(m) for c, m in members.items()}
         # Per-model quotas (`gpus.<MODEL>` keys): every team's quota of each governed model,
         # its usage of it (milli-GPUs) and each such model's lending pool (`model_quotas`).
         # Empty for most clusters: then nothing below costs anything.
@@ -325,6 +331,7 @@ class QuotaLedger:
         new.pool_used = self.pool_used
         new.borrowers = set(self.borrowers)
         new._paths = self._paths
+        new._members = self._members
         new.cohort_used = dict(self.cohort_used) if self._paths else self.cohort_used
         new._models = self._models
         new.model_pool_capacity = self.model_pool_capacity
@@ -576,17 +583,33 @@ class QuotaLedger:
             and u.mem + request.mem <= n.mem
         )
 
+    @property
+    def tree(self) -> bool:
+        """Do the teams sit in an organization tree (cohorts)?"""
+        return bool(self._paths)
+
+    def tree_share(self, team: str, total: Resources) -> tuple[float, ...]:
+        """Fair share down the tree: the dominant share of each of the team's cohorts, the
+        top one first, then the team's own (weighted). Compared as tuples, a department's
+        share decides before its teams' (a team at the root is compared by its own)."""
+        out = []
+        for c in reversed(self._paths.get(team, ())):
+            used = ZERO
+            for member in self._members[c.name]:
+                used = used + self.usage[member]
+            out.append(_share(used, total))
+        out.append(self.dominant_share(team, total))
+        return tuple(out)
+
+    def same_top(self, team: str) -> tuple[str, ...]:
+        """The teams under the team's top-level cohort (just the team, at the root): whose
+        tree shares change when its usage does."""
+        path = self._paths.get(team)
+        return self._members[path[-1].name] if path else (team,)
+
     def dominant_share(self, team: str, total: Resources) -> float:
         """Weighted DRF share: the largest fraction of any cluster resource, over the weight."""
-        u = self.usage[team]
-        share = 0.0
-        if total.gpu:
-            share = u.gpu / total.gpu
-        if total.cpu:
-            share = max(share, u.cpu / total.cpu)
-        if total.mem:
-            share = max(share, u.mem / total.mem)
-        return share / self.teams[team].weight
+        return _share(self.usage[team], total) / self.teams[team].weight
 
 
 _RESOURCES = ("gpus", "cpus", "memory_gb")
@@ -595,3 +618,15 @@ _RESOURCES = ("gpus", "cpus", "memory_gb")
 def _draw(used: int, guaranteed: int) -> int:
     """What a usage draws on its parent's pool: the part beyond the guaranteed one."""
     return used - guaranteed if used > guaranteed else 0
+
+
+def _share(u: Resources, total: Resources) -> float:
+    """The largest fraction of any cluster resource that `u` holds."""
+    share = 0.0
+    if total.gpu:
+        share = u.gpu / total.gpu
+    if total.cpu:
+        share = max(share, u.cpu / total.cpu)
+    if total.mem:
+        share = max(share, u.mem / total.mem)
+    return share

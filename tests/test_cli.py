@@ -157,6 +157,34 @@ def test_check_prints_what_the_files_declare(tmp_path):
     assert "4 nodes, 32 GPUs" in res.output and "team nlp" in res.output
 
 
+def test_check_shows_the_organization_tree_and_where_each_team_sits(tmp_path):
+    (tmp_path / "cluster.yaml").write_text("name: c\nnodes:\n  - {name: n0, gpus: 8}\n")
+    (tmp_path / "teams.yaml").write_text(
+        "cohorts:\n"
+        "  - {name: research, lending_limit: {gpus: 4}}\n"
+        "  - {name: nlp, parent: research, borrowing_limit: {gpus: 8}}\n"
+        "teams:\n"
+        "  - {name: a, cohort: nlp, nominal: {gpus: 8}}\n"
+        "  - {name: b, cohort: research, nominal: {gpus: 8}}\n"
+        "  - {name: c, nominal: {gpus: 8}}\n"
+    )
+    args = ["check", "--cluster", str(tmp_path / "cluster.yaml")]
+    res = CliRunner().invoke(app, [*args, "--teams", str(tmp_path / "teams.yaml")])
+    assert res.exit_code == 0, res.output
+    assert "  cohort research: quota 16 GPUs (own 0), keeps 12, lends 4" in res.output
+    assert (
+        "    cohort nlp: quota 8 GPUs" in res.output and "borrowing_limit 8; teams a" in res.output
+    )
+    assert "team a in cohort nlp < research:" in res.output
+    assert "may hold up to 16 GPUs" in res.output  # nlp's 8 + the 8 it may borrow
+    assert "team c: nominal" in res.output and "may hold up to 12 GPUs" in res.output
+    (tmp_path / "teams.yaml").write_text(
+        "cohorts: [{name: x, parent: y}]\nteams: [{name: a, cohort: x, nominal: {gpus: 1}}]\n"
+    )
+    res = CliRunner().invoke(app, [*args, "--teams", str(tmp_path / "teams.yaml")])
+    assert res.exit_code != 0 and "parent 'y' is not a cohort" in res.output
+
+
 def _preempting_inputs(tmp_path: Path) -> list[str]:
     """a and b take 4 of 6 GPUs; p (3 GPUs, priority 2) preempts b at 601; b is back at 701."""
     (tmp_path / "cluster.yaml").write_text(

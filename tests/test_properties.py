@@ -44,7 +44,7 @@ import scheduling.simulator.sim as sim
 from scheduling.cluster import GPU_GROUP, NODE, Cluster, Node
 from scheduling.config import parse_cluster, parse_teams
 from scheduling.policy import Policy
-from scheduling.quota import Team, cohort_pool
+from scheduling.quota import Team, reachable
 from scheduling.resources import GPU_UNIT, Resources
 from scheduling.simulator.audit import Violation, audit, audit_or_raise
 from scheduling.simulator.baselines import POLICIES
@@ -89,7 +89,7 @@ KNOBS: dict[str, list[float | bool]] = {
 @dataclass(frozen=True)
 class Scenario:
     cluster_spec: dict[str, Any]
-    team_specs: list[dict[str, Any]]
+    team_specs: list[dict[str, Any]] | dict[str, Any]  # a dict: teams and their cohorts
     trace: list[TraceJob]
     knobs: dict[str, float] = field(default_factory=dict)
 
@@ -151,11 +151,12 @@ def cluster_specs(draw: st.DrawFn) -> dict[str, Any]:
 @st.composite
 def team_specs(
     draw: st.DrawFn, total_gpus: int, model_gpus: dict[str, int] | None = None
-) -> list[dict[str, Any]]:
+) -> list[dict[str, Any]] | dict[str, Any]:
     """1-3 teams; nominal 0..all GPUs (the first team's at least 1, or every job of a lone
     team would be rejected); borrowing and lending limits optional; CPUs sometimes. On a
     cluster of two models (`model_gpus`: GPUs per model), a team declares per-model keys one
-    time in three."""
+    time in three. With two teams or more, one time in three an organization tree
+    (`cohort_tree`)."""
     teams = []
     for i in range(draw(st.integers(1, 3))):
         least = 1 if i == 0 else 0
@@ -171,7 +172,39 @@ def team_specs(
         if model_gpus and len(model_gpus) > 1 and draw(st.integers(0, 2)) == 0:
             _model_keys(draw, team, model_gpus)
         teams.append(team)
-    return teams
+    if len(teams) < 2 or draw(st.integers(0, 2)):
+        return teams
+    return {"teams": teams, "cohorts": _cohort_tree(draw, teams, total_gpus)}
+
+
+def _cohort_tree(draw: st.DrawFn, teams: list[dict[str, Any]], total_gpus: int) -> list[dict]:
+    """One or two cohorts (the second maybe inside the first), each team in one of them or at
+    the root, each cohort with maybe its own nominal and lending and borrowing limits. Only
+    cohorts with a team under them are kept (the rule of the teams file)."""
+    nested = draw(st.booleans())
+    names = ["dept", "lab"]
+    for team in teams:
+        where = draw(st.sampled_from([None, "dept", "lab"]))
+        if where is not None:
+            team["cohort"] = where
+    used = {t.get("cohort") for t in teams} - {None}
+    if nested and "lab" in used:
+        used.add("dept")
+    cohorts = []
+    for name in names:
+        if name not in used:
+            continue
+        c: dict[str, Any] = {"name": name}
+        if name == "lab" and nested:
+            c["parent"] = "dept"
+        if draw(st.integers(0, 3)) == 0:
+            c["nominal"] = {"gpus": draw(st.integers(0, max(total_gpus // 2, 1)))}
+        if draw(st.booleans()):
+            c["lending_limit"] = {"gpus": draw(st.integers(0, total_gpus))}
+        if draw(st.booleans()):
+            c["borrowing_limit"] = {"gpus": draw(st.integers(0, total_gpus))}
+        cohorts.append(c)
+    return cohorts
 
 
 def _model_keys(draw: st.DrawFn, team: dict[str, Any], model_gpus: dict[str, int]) -> None:
@@ -333,11 +366,11 @@ def _slots(per: Resources, gpus: int, node: Node) -> int:
 
 
 def _reach(teams: Mapping[str, Team], name: str, preemptible: bool) -> Resources:
-    """The most team `name` may ever hold: its guaranteed part and the cohort's pool, up to
-    nominal + borrowing limit (nominal for a job that is not preemptible)."""
+    """The most team `name` may ever hold: its guaranteed part and what its cohorts' pools
+    lend it, up to nominal + borrowing limit (nominal for a job that is not preemptible)."""
     team = teams[name]
     ceiling = team.ceiling if preemptible else team.nominal
-    can = team.guaranteed + cohort_pool(teams)
+    can = reachable(team, teams)
     return Resources(
         min(can.gpu, ceiling.gpu), min(can.cpu, ceiling.cpu), min(can.mem, ceiling.mem)
     )

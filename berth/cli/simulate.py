@@ -23,8 +23,8 @@ from scheduling.config import ConfigError, check_team_models, load_cluster, load
 from scheduling.models import model_gpus
 from scheduling.policy import UnknownPolicyError
 from scheduling.policy_file import load_policy
-from scheduling.quota import Team, model_quotas
-from scheduling.resources import UNLIMITED
+from scheduling.quota import Team, model_quotas, reachable
+from scheduling.resources import UNLIMITED, Resources
 from scheduling.simulator.baselines import POLICIES, get_policy
 from scheduling.simulator.trace import TraceFormatError, load_trace
 
@@ -97,10 +97,41 @@ def check(
                 f"{m} {n} GPUs (speed {cl.gpu_speed.get(m, 1.0):g})" for m, n in per_model.items()
             )
         )
+    for line in explain_tree(tm):
+        typer.echo(line)
     for t in tm.values():
-        typer.echo(f"team {t.name}: nominal {t.nominal.as_units()} weight {t.weight:g}")
+        where = f" in cohort {' < '.join(c.name for c in t.cohorts)}" if t.cohorts else ""
+        typer.echo(
+            f"team {t.name}{where}: nominal {t.nominal.as_units()} weight {t.weight:g}, may hold "
+            f"up to {reachable(t, tm).as_units()['gpus']:g} GPUs"
+        )
         for line in explain_models(t, tm, cl):
             typer.echo(f"  {line}")
+
+
+def explain_tree(teams: Mapping[str, Team]) -> list[str]:
+    """The organization tree, one line per cohort (indented under its parent): its quota
+    (own nominal and what its children lend it), what it keeps, lends and may borrow."""
+    cohorts = {c.name: c for t in teams.values() for c in t.cohorts}
+    if not cohorts:
+        return []
+    lines = ["organization tree (cohorts; unused quota is lent inside the closest one first):"]
+
+    def gpus(r: Resources) -> str:
+        return f"{r.gpu / 1000:g}" if r.gpu < UNLIMITED else "no limit"
+
+    def walk(parent: str | None, depth: int) -> None:
+        for c in sorted((c for c in cohorts.values() if c.parent == parent), key=lambda c: c.name):
+            members = sorted(n for n, t in teams.items() if t.cohorts and t.cohorts[0] is c)
+            lines.append(
+                f"{'  ' * (depth + 1)}cohort {c.name}: quota {gpus(c.quota)} GPUs (own "
+                f"{gpus(c.nominal)}), keeps {gpus(c.guaranteed)}, lends {gpus(c.lends)}, "
+                f"borrowing_limit {gpus(c.borrowing_limit)}; teams {', '.join(members) or '-'}"
+            )
+            walk(c.name, depth + 1)
+
+    walk(None, 0)
+    return lines
 
 
 def explain_models(team: Team, teams: Mapping[str, Team], cluster: Cluster) -> list[str]:
