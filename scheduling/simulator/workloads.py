@@ -17,6 +17,9 @@ here stresses one thing the trace does not:
 - `gangs-limits`: the jobs of `gangs` (the same seed gives the same jobs), each with a time
   limit as users give them (`_time_limits`): what EASY backfill around reservations buys,
   the workload held fixed;
+- `departments` (not in the default set): two departments of two teams each, one keeping
+  most of its quota inside, the other with a borrowing limit, and a team at the root
+  (docs/decisions/0023);
 - `models`: three GPU generations of different speeds (H100 2x, A100 1x, V100 0.5x), a third of
   the jobs restricted to the models they need (docs/decisions/0022).
 
@@ -121,10 +124,11 @@ def _draft(
 
 
 class _Spec(NamedTuple):
-    """A family's output before the load is set: cluster.yaml and teams.yaml as data, drafts."""
+    """A family's output before the load is set: cluster.yaml and teams.yaml as data (the
+    teams' list, or a mapping with `teams` and `cohorts`), drafts."""
 
     cluster: dict[str, Any]
-    teams: list[dict[str, Any]]
+    teams: list[dict[str, Any]] | dict[str, Any]
     drafts: list[TraceJob]
 
 
@@ -132,7 +136,7 @@ def _finish(
     name: str,
     rng: np.random.Generator,
     cluster_spec: Mapping[str, Any],
-    teams_spec: list[dict[str, Any]],
+    teams_spec: list[dict[str, Any]] | dict[str, Any],
     drafts: list[TraceJob],
     load_range: tuple[float, float],
 ) -> Workload:
@@ -334,6 +338,33 @@ def _skewed(rng: np.random.Generator, n: int) -> _Spec:
     return _Spec(_pool("s", 16), _teams(nominal), drafts)
 
 
+def _departments(rng: np.random.Generator, n: int) -> _Spec:
+    """An organization tree on 128 GPUs: research (nlp, vision) keeps all but 12 of its 48
+    GPUs inside (lending_limit), product (search, ads) may draw at most 16 from outside
+    (borrowing_limit), infra sits at the root. Vision arrives late, as the skewed family's
+    big team does: its department's other team and the rest borrow its nominal first."""
+    nominal = {"nlp": 32, "vision": 16, "search": 24, "ads": 24, "infra": 32}
+    cohort = {"nlp": "research", "vision": "research", "search": "product", "ads": "product"}
+    teams = _teams(nominal)
+    for t in teams:
+        if t["name"] in cohort:
+            t["cohort"] = cohort[t["name"]]
+    cohorts = [
+        {"name": "research", "lending_limit": {"gpus": 12}},
+        {"name": "product", "borrowing_limit": {"gpus": 16}},
+    ]
+    names = _pick(rng, list(nominal), [0.3, 0.15, 0.2, 0.15, 0.2], n)
+    shapes = _pick(rng, _MIXED, _MIXED_P, n)
+    durations = _durations(rng, n, HOUR_S, 1.0)
+    places, late = _poisson(rng, n), 0.4 + 0.6 * rng.random(n)
+    drafts = []
+    for i in range(n):
+        replicas, gpus, topology = shapes[i]
+        at = late[i] if names[i] == "vision" else places[i]
+        drafts.append(_draft(at, names[i], replicas, gpus, durations[i], topology=topology))
+    return _Spec(_pool("d", 16), {"teams": teams, "cohorts": cohorts}, drafts)
+
+
 def _long_short(rng: np.random.Generator, n: int) -> _Spec:
     nominal = {"ft": 32, "pretrain": 32, "eval": 32, "data": 32}
     long_jobs = max(2, n // 100)  # a few multi-day runs (1 %)
@@ -443,6 +474,13 @@ FAMILIES: dict[str, Family] = {
             (0.9, 1.2),
             like="models",
             default=False,  # run on its own: bench/results/quality-models-quota.*
+        ),
+        Family(
+            "departments",
+            "an organization tree: two departments with lending and borrowing limits",
+            _departments,
+            (0.95, 1.25),
+            default=False,  # run on its own: bench/results/quality-departments.*
         ),
     )
 }
