@@ -96,3 +96,31 @@ def test_usage_shows_each_teams_gpus_per_model_against_its_model_keys(tmp_path, 
     assert "GPU usage by team and model" in out
     line = next(ln for ln in out.splitlines() if "vision" in ln and "A100" in ln)
     assert [c.strip() for c in line.split("│") if c.strip()] == ["vision", "A100", "2", "-", "-"]
+
+
+def test_usage_shows_the_organization_tree(tmp_path, monkeypatch):
+    """research and vision in the ml department (which lends at most 2 of its 6 GPUs), infra
+    at the root: each team's cohort, and each cohort's GPUs held against its quota."""
+    (tmp_path / "teams.yaml").write_text(
+        "cohorts:\n  - {name: ml, lending_limit: {gpus: 2}}\n"
+        "teams:\n"
+        "  - {name: research, cohort: ml, nominal: {gpus: 4}}\n"
+        "  - {name: vision, cohort: ml, nominal: {gpus: 2}}\n"
+        "  - {name: infra, nominal: {gpus: 2}}\n"
+    )
+    monkeypatch.setenv("BERTH_HOME", str(tmp_path))
+    monkeypatch.setenv("BERTH_CLUSTER", str(REPO_ROOT / "config" / "local-cluster.yaml"))
+    monkeypatch.setenv("BERTH_TEAMS", str(tmp_path / "teams.yaml"))
+    store = settings().store()
+    store.submit(_spec("r", "research", 1, 3.0), job_id="r-1", now=100.0)
+    store.submit(_spec("v", "vision", 1, 1.0), job_id="v-1", now=100.0)
+    store.schedule(now=101.0)
+    usage = store.usage()
+    assert usage["research"].cohorts == ("ml",) and usage["infra"].cohorts == ()
+    out = _run("usage")
+    team_row = next(ln for ln in out.splitlines() if "research" in ln and "│" in ln)
+    assert [c.strip() for c in team_row.split("│") if c.strip()][:3] == ["research", "ml", "3"]
+    assert "GPU usage by cohort (organization tree)" in out
+    row = next(ln for ln in out.splitlines() if ln.strip("│ ").startswith("ml"))
+    cells = [c.strip() for c in row.split("│") if c.strip()]
+    assert cells == ["ml", "-", "research, vision", "4", "6", "4", "inf"]  # no borrowing limit

@@ -148,6 +148,7 @@ def test_teams_show_held_borrowed_and_quota(store: Store, client: TestClient) ->
         "queued": 0,
         "running": 2,
         "models": [],  # one GPU model, no model keys
+        "cohorts": [],  # no organization tree
     }
     assert rows["b"].ceiling_gpus is None  # unlimited borrowing: null, not infinity
     assert rows["b"].held_gpus == 0.0 and rows["b"].borrowed_gpus == 0.0

@@ -8,6 +8,7 @@ The store, cluster and teams are found as the operators find them (`berth.settin
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -17,6 +18,8 @@ from rich.table import Table
 
 from berth.settings import settings
 from berth.store import JobStatus, UnknownJobError
+from berth.store.views import TeamUsage, gpus_of
+from scheduling.quota import Team
 
 out = Console()
 err = Console(stderr=True)
@@ -115,9 +118,12 @@ def job(job_id: Annotated[str, typer.Argument(help="the job's id")]) -> None:
 def usage() -> None:
     """Each team's GPUs in use against its nominal quota and ceiling, and its queue."""
     store = settings().store()
+    usages = store.usage()
+    tree = any(u.cohorts for u in usages.values())
     table = Table(title="GPU usage by team")
     for col in (
         "team",
+        *(("cohort",) if tree else ()),
         "GPUs held",
         "nominal",
         "ceiling",
@@ -127,9 +133,10 @@ def usage() -> None:
         "queued",
     ):
         table.add_column(col, justify="right" if col != "team" else "left")
-    for u in store.usage().values():
+    for u in usages.values():
         table.add_row(
             u.team,
+            *((" < ".join(u.cohorts) or "-",) if tree else ()),
             f"{u.gpus:g}",
             f"{u.nominal:g}",
             f"{u.ceiling:g}",
@@ -139,7 +146,9 @@ def usage() -> None:
             str(u.queued),
         )
     out.print(table)
-    rows = [(u.team, m) for u in store.usage().values() for m in u.models]
+    if tree:
+        out.print(_cohort_table(usages, store.teams))
+    rows = [(u.team, m) for u in usages.values() for m in u.models]
     if rows:  # a cluster of several GPU models, or teams with `gpus.<MODEL>` keys
         by_model = Table(title="GPU usage by team and model")
         for col in ("team", "model", "GPUs held", "nominal", "ceiling"):
@@ -154,6 +163,28 @@ def usage() -> None:
                 no_key if m.ceiling is None else f"{m.ceiling:g}",
             )
         out.print(by_model)
+
+
+def _cohort_table(usages: Mapping[str, TeamUsage], teams: Mapping[str, Team]) -> Table:
+    """Per cohort of the organization tree: what its teams hold against its quota (its own
+    nominal and what its children lend it), what it keeps and its ceiling."""
+    table = Table(title="GPU usage by cohort (organization tree)")
+    for col in ("cohort", "parent", "teams", "GPUs held", "quota", "keeps", "ceiling"):
+        table.add_column(col, justify="left" if col in ("cohort", "parent", "teams") else "right")
+    cohorts = {c.name: c for t in teams.values() for c in t.cohorts}
+    for name in sorted(cohorts):
+        c = cohorts[name]
+        members = [u for u in usages.values() if name in u.cohorts]
+        table.add_row(
+            name,
+            c.parent or "-",
+            ", ".join(u.team for u in members),
+            f"{sum(u.gpus for u in members):g}",
+            f"{gpus_of(c.quota.gpu):g}",
+            f"{gpus_of(c.guaranteed.gpu):g}",
+            f"{gpus_of(c.ceiling.gpu):g}",
+        )
+    return table
 
 
 def cancel(job_id: Annotated[str, typer.Argument(help="the job's id")]) -> None:

@@ -447,6 +447,7 @@ class Store:
                 models=model_rows(name, by_model, quotas.get(name, {}), cluster)
                 if per_model
                 else (),
+                cohorts=tuple(c.name for c in t.cohorts),
             )
             for name, t in self.teams.items()
         }

@@ -129,6 +129,8 @@ class TeamUsage:
     # Per GPU model, on a cluster of several models or where a team declares model keys: the
     # governed models always, the others where the team holds some.
     models: tuple[ModelUsage, ...] = ()
+    # Its cohorts in the organization tree, the closest first (empty: none).
+    cohorts: tuple[str, ...] = ()
 
     @property
     def borrowed(self) -> float:

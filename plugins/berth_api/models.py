@@ -77,6 +77,11 @@ class Team(BaseModel):
         default_factory=list,
         description="per GPU model, on a cluster of several models or with model keys",
     )
+    cohorts: list[str] = Field(
+        default_factory=list,
+        description="its cohorts in the organization tree, the closest first (docs/decisions/"
+        "0023); empty: none",
+    )
 
     @classmethod
     def of(cls, u: TeamUsage) -> Team:
@@ -98,6 +103,7 @@ class Team(BaseModel):
                 )
                 for m in u.models
             ],
+            cohorts=list(u.cohorts),
         )
 
 
