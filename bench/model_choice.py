@@ -15,7 +15,6 @@ Run: .venv/bin/python -m bench.model_choice   (about 3 minutes on 2 cores)
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Sequence
@@ -28,7 +27,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # also run as a file
 
-from bench.common import RESULTS, code_version, console_for_tables, machine
+from bench.common import RESULTS, code_version, console_for_tables, machine, write_report
 from bench.quality import run_policy
 from scheduling.policy import POLICIES
 from scheduling.simulator.workloads import FAMILIES, offered_load
@@ -118,7 +117,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 f"{_geo(versus):.3f} ({min(versus):.3f}-{max(versus):.3f})",
                 f"{wins}/{len(mine)}",
             )
-    console.print(t)
     report = {
         "benchmark": "model_choice",
         "policies": [LISTED, FASTEST, FINISH],
@@ -127,10 +125,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "summary": summary,
         "cases": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    console.print(f"wrote {args.out}")
-    return report
+    return write_report(report, args.out, console, lambda _: t)
 
 
 if __name__ == "__main__":
