@@ -19,7 +19,7 @@ from airflow.sdk import DAG
 
 from operators import FROM_PARAMS, gpu_job, job_params
 from operators.context import settings
-from operators.params import form_models
+from operators.params import form_cohorts, form_models
 
 TRAIN = str(Path(__file__).parent / "training" / "train_mlp.py")
 # The same script in docker/job-base's image (BERTH_JOB_IMAGE), where a pod runs it.
@@ -38,6 +38,7 @@ with DAG(
         sorted(settings().teams()),
         *DEFAULTS,
         models=form_models(settings().cluster() if settings().cluster_path else None),
+        cohorts=form_cohorts(settings().teams()),
     ),
     doc_md=__doc__,
     # Berth's queue is the queue: a cap here (Airflow's default is 16) would hold the runs past

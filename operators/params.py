@@ -17,6 +17,7 @@ from airflow.sdk import Param
 from berth.pools import CONF_DEFAULTS
 from berth.spec_fields import Topology
 from scheduling.cluster import Cluster
+from scheduling.quota import Team
 
 # A spec given as this string is read from the DAG run's params when the task runs.
 FROM_PARAMS = "params"
@@ -32,12 +33,14 @@ def job_params(
     default_command: list[str],
     default_image: str | None = None,
     models: list[str] | None = None,
+    cohorts: Mapping[str, str] | None = None,
 ) -> dict[str, Param]:
     """Params for every JobSpec field a UI user needs; `teams` is the team enum;
     `default_image` fills the image field (on Kubernetes: BERTH_JOB_IMAGE, which holds the
     default command's script); `models`, the cluster's GPU models, fastest first, where known:
     the GPU model box is then a pick list of them (several: a multi-select, in the order
-    picked), else free text.
+    picked), else free text. `cohorts`: where a team sits in the organization tree (team ->
+    'lab < department'), shown beside it in the team box.
 
     The team has no default: a user picks one, or would be charged to the first team without
     noticing (a REST call without it is refused, naming the field). Optional fields accept
@@ -63,6 +66,11 @@ def job_params(
             description=description,
         )
 
+    # Where each team sits in the organization tree, beside its name in the box.
+    in_tree: dict[str, Any] = {}
+    if cohorts:
+        shown = {t: f"{t} (cohort {cohorts[t]})" if t in cohorts else t for t in teams}
+        in_tree["values_display"] = shown
     return {
         "name": Param(
             "train-demo",
@@ -77,6 +85,7 @@ def job_params(
         "team": Param(
             type="string",
             enum=teams,
+            **in_tree,
             title="Team",
             section=JOB,
             description="Whose GPU quota the job uses: one of your teams (where the admins "
@@ -300,3 +309,9 @@ def form_models(cluster: Cluster | None) -> list[str] | None:
     if cluster is None:
         return None
     return sorted(cluster.models, key=lambda m: -cluster.gpu_speed.get(m, 1.0))
+
+
+def form_cohorts(teams: Mapping[str, Team]) -> dict[str, str]:
+    """Where each team sits in the organization tree, for the form's team box: its cohorts,
+    the closest first ('lab < department'); teams outside any cohort are left out."""
+    return {n: " < ".join(c.name for c in t.cohorts) for n, t in teams.items() if t.cohorts}

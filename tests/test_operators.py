@@ -23,7 +23,7 @@ from berth.spec import SpecError, parse_spec
 from operators.environment import env_key, prepare_environment
 from operators.job import job_id_for, resolve_spec
 from operators.launching import LaunchPlan
-from operators.params import FROM_PARAMS, form_models, job_params, spec_from_params
+from operators.params import FROM_PARAMS, form_cohorts, form_models, job_params, spec_from_params
 from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
 from operators.staging import StagingError, collect_attempt, stage_inputs
 from operators.tracking import TaskRef
@@ -385,3 +385,23 @@ def test_the_gpu_model_box_lists_the_clusters_models_fastest_first() -> None:
     one = job_params(sorted(TEAMS), ["true"], models=["declared"])["gpu_model"]
     assert "examples" not in one.schema and "this cluster's: declared" in one.description
     assert form_models(None) is None
+
+
+def test_the_team_box_shows_where_each_team_sits_in_the_organization_tree() -> None:
+    teams = parse_teams(
+        {
+            "cohorts": [{"name": "research"}, {"name": "nlp", "parent": "research"}],
+            "teams": [
+                {"name": "language", "cohort": "nlp", "nominal": {"gpus": 2}},
+                {"name": "vision", "nominal": {"gpus": 2}},
+            ],
+        }
+    )
+    cohorts = form_cohorts(teams)
+    assert cohorts == {"language": "nlp < research"}
+    box = job_params(sorted(teams), ["true"], cohorts=cohorts)["team"]
+    assert box.schema["values_display"] == {
+        "language": "language (cohort nlp < research)",
+        "vision": "vision",
+    }
+    assert "values_display" not in job_params(sorted(teams), ["true"])["team"].schema
