@@ -154,6 +154,7 @@ class CohortSpec(_Strict):
     nominal: QuotaMap | None = None  # its own quota, beside what its children lend it
     borrowing_limit: QuotaMap | None = None
     lending_limit: QuotaMap | None = None
+    weight: Annotated[float, Field(gt=0)] = 1.0  # fair share against its siblings
 
     @model_validator(mode="after")
     def _no_model_keys(self) -> CohortSpec:
@@ -363,7 +364,13 @@ def _build_cohorts(spec: TeamsSpec, teams: Mapping[str, Team]) -> dict[str, Coho
         quota = Resources(min(raw.gpu, UNLIMITED), min(raw.cpu, UNLIMITED), min(raw.mem, UNLIMITED))
         lending = None if c.lending_limit is None else _limit(c.lending_limit, quota)
         cohort = Cohort(
-            c.name, c.parent, nominal, _limit(c.borrowing_limit, unlimited), lending, quota
+            c.name,
+            c.parent,
+            nominal,
+            _limit(c.borrowing_limit, unlimited),
+            lending,
+            quota,
+            c.weight,
         )
         out[c.name] = cohort
         if c.parent is not None:

@@ -62,6 +62,7 @@ class Cohort:
     borrowing_limit: Resources
     lending_limit: Resources | None
     quota: Resources  # own nominal + what its children lend it
+    weight: float = 1.0  # its fair-share weight against its siblings
     guaranteed: Resources = field(init=False, repr=False, compare=False)
     ceiling: Resources = field(init=False, repr=False, compare=False)  # quota + borrowing
     lends: Resources = field(init=False, repr=False, compare=False)  # to its parent's pool
@@ -589,15 +590,15 @@ class QuotaLedger:
         return bool(self._paths)
 
     def tree_share(self, team: str, total: Resources) -> tuple[float, ...]:
-        """Fair share down the tree: the dominant share of each of the team's cohorts, the
-        top one first, then the team's own (weighted). Compared as tuples, a department's
-        share decides before its teams' (a team at the root is compared by its own)."""
+        """Fair share down the tree: the weighted dominant share of each of the team's cohorts,
+        the top one first, then the team's own. Compared as tuples, a department's share
+        decides before its teams' (a team at the root is compared by its own)."""
         out = []
         for c in reversed(self._paths.get(team, ())):
             used = ZERO
             for member in self._members[c.name]:
                 used = used + self.usage[member]
-            out.append(_share(used, total))
+            out.append(_share(used, total) / c.weight)
         out.append(self.dominant_share(team, total))
         return tuple(out)
 

@@ -287,11 +287,15 @@ def test_a_job_larger_than_its_tree_lets_it_ever_hold_is_rejected() -> None:
     assert "may hold at most 12" in rejection.message and "cohorts" in rejection.message
 
 
-@pytest.mark.parametrize("tree", [True, False])
-def test_fair_share_follows_the_tree_a_departments_share_first(tree: bool) -> None:
+@pytest.mark.parametrize(
+    ("tree", "weight", "first"), [(True, 1, "c2"), (False, 1, "b2"), (True, 3, "b2")]
+)
+def test_fair_share_follows_the_tree_a_departments_share_first(
+    tree: bool, weight: float, first: str
+) -> None:
     """b and c both borrow for their next job. Alone, b's share (6 of 24 GPUs) is below c's
     (8): b goes first. In a department with a (8 more), the department's share (14) is
-    compared with c's, and c goes first."""
+    compared with c's, and c goes first; unless the department weighs 3 (14 / 3 < 8)."""
     spec: dict[str, Any] = {
         "teams": [
             {"name": "a", "nominal": {"gpus": 8}},
@@ -300,7 +304,7 @@ def test_fair_share_follows_the_tree_a_departments_share_first(tree: bool) -> No
         ]
     }
     if tree:
-        spec["cohorts"] = [{"name": "dept"}]
+        spec["cohorts"] = [{"name": "dept", "weight": weight}]
         spec["teams"][0]["cohort"] = spec["teams"][1]["cohort"] = "dept"
     w = World(cluster(nodes=3, gpus=8), parse_teams(spec))
     w.submit(job("a1", "a", gpus=8), job("b1", "b", gpus=6), job("c1", "c", gpus=8))
@@ -308,5 +312,5 @@ def test_fair_share_follows_the_tree_a_departments_share_first(tree: bool) -> No
     w.submit(job("b2", "b", gpus=2), job("c2", "c", gpus=4), at=1.0)
     res = w.cycle(at=1.0)
     order = [n.job_id for n in res.nominations]
-    assert order == (["c2", "b2"] if tree else ["b2", "c2"])
+    assert order[0] == first and sorted(order) == ["b2", "c2"]
     assert admitted(res) == ["b2"]  # c2 finds no room for 4 GPUs either way
