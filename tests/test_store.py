@@ -319,6 +319,42 @@ def test_the_store_learns_run_times_for_a_policy_that_waits_for_faster_models(
         s.close()
 
 
+def test_the_store_keeps_an_organization_trees_pools_and_a_rebuild_agrees(
+    store_url: str,
+) -> None:
+    """Teams in cohorts through the store: a cohort's borrowing limit holds a job back with a
+    reason naming the cohort, and after admissions and ends the in-memory state (every team's
+    usage, the root's pool and each cohort's) equals a rebuild."""
+    tm = parse_teams(
+        {
+            "cohorts": [{"name": "ml", "borrowing_limit": {"gpus": 2}}],
+            "teams": [
+                {"name": "a", "cohort": "ml", "nominal": {"gpus": 2}},
+                {"name": "b", "cohort": "ml", "nominal": {"gpus": 2}},
+                {"name": "c", "nominal": {"gpus": 4}},
+            ],
+        }
+    )
+    s = Store(store_url, CLUSTER, tm, FAST)
+    try:
+        for i in range(7):
+            s.submit(spec(f"a{i}", team="a", gpus=1), job_id=f"a{i}", now=i)
+        s.schedule(now=10)
+        admitted = sorted(j.id for j in s.jobs(states=["admitted"]))
+        assert admitted == [f"a{i}" for i in range(6)]  # ml's 4 and the 2 it may draw
+        st = s.status("a6")
+        assert st.reason_code == "quota" and "cohort ml" in (st.reason_message or "")
+        run(s, "a0", 11)
+        s.finish("a0", "succeeded", attempt=1, now=12)
+        s.submit(spec("c0", team="c", gpus=2), job_id="c0", now=13)
+        s.schedule(now=14)
+        assert s.status("c0").state == "admitted" and s.status("a6").state == "admitted"
+        s.self_check()
+        assert s.usage()["a"].cohorts == ("ml",)
+    finally:
+        s.close()
+
+
 def test_a_job_waits_on_its_teams_model_key_and_the_reason_names_it(store_url: str) -> None:
     """Per-model quotas through the store: the reason's resource is the key, however long
     the model's name (GPU feature discovery's product names run to 40 characters and more)."""

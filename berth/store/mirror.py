@@ -35,7 +35,7 @@ from scheduling.admission import Rejection, check_job
 from scheduling.cluster import Cluster
 from scheduling.policy import Policy
 from scheduling.quota import Team
-from scheduling.resources import GPU_UNIT, Resources
+from scheduling.resources import GPU_UNIT, ZERO, Resources
 from scheduling.state import EngineState
 
 
@@ -316,6 +316,11 @@ class Mirror:
             "free": (list(cap.free), list(cap.free_cpu), list(cap.free_mem)),
             "shares": {i: dict(v) for i, v in cap.shares.items() if v},
             "usage": dict(s.quota.usage),
+            # what the root's pool and each cohort of an organization tree lend out
+            "pools": (
+                s.quota.pool_used,
+                {c: u for c, u in s.quota.cohort_used.items() if u != ZERO},
+            ),
             "by_start": [r.job.id for r in s.running_by_start],
             "preemptible": {
                 t: [r.job.id for r in q] for t, q in s.preemptible_by_team.items() if q
