@@ -48,7 +48,7 @@ from bench.quality_report import CANDIDATE, ORACLE, held_out_table, markdown, pl
 from scheduling.models import fastest_speed
 from scheduling.policy import Policy
 from scheduling.simulator.baselines import get_policy
-from scheduling.simulator.metrics import ClusterInfo, TeamInfo, summarize
+from scheduling.simulator.metrics import ClusterInfo, summarize, team_infos
 from scheduling.simulator.oracle import srtf
 from scheduling.simulator.philly import import_philly
 from scheduling.simulator.sim import simulate
@@ -271,7 +271,7 @@ def run_policy(work: Workload, policy: Policy, checkpoint_s: float | None = None
     cluster, teams, jobs = work
     sim = simulate(cluster, teams, jobs, policy, checkpoint_s=checkpoint_s)
     info = ClusterInfo({n.name: n.gpus for n in cluster.nodes})
-    team_info = [TeamInfo(t.name, t.nominal.as_units()["gpus"], t.weight) for t in teams.values()]
+    team_info = team_infos(teams)
     summary = summarize(sim.events, info, team_info, policy=policy.name, wall_s=sim.wall_s)
     out = {k: v for k, v in summary.data.items() if not isinstance(v, list | dict)}
     out["p99_first_wait_big_s"] = big_job_p99_first_wait(sim.events)

@@ -19,6 +19,8 @@ from scheduling.quota import Cohort, QuotaLedger, Team, cohort_pool, reachable, 
 from scheduling.resources import UNLIMITED, ZERO, Resources
 from scheduling.simulator.audit import audit, audit_or_raise
 from scheduling.simulator.baselines import POLICIES
+from scheduling.simulator.metrics import ClusterInfo, TeamInfo, summarize, team_infos
+from scheduling.simulator.report import write_report
 from scheduling.simulator.sim import simulate
 from scheduling.simulator.trace import TraceJob
 
@@ -314,3 +316,26 @@ def test_fair_share_follows_the_tree_a_departments_share_first(
     order = [n.job_id for n in res.nominations]
     assert order[0] == first and sorted(order) == ["b2", "c2"]
     assert admitted(res) == ["b2"]  # c2 finds no room for 4 GPUs either way
+
+
+def test_the_simulators_summary_and_report_have_a_row_per_cohort(tmp_path) -> None:
+    """research's row sums its teams' (a through nlp, and b), nlp's is a's alone."""
+    tm = parse_teams(TREE)
+    cl = cluster(nodes=3, gpus=8)
+    result = simulate(cl, tm, _trace(), POLICIES["berth"])
+    info = ClusterInfo({n.name: n.gpus for n in cl.nodes})
+    summary = summarize(result.events, info, team_infos(tm), policy="berth", wall_s=0)
+    data = summary.as_dict()
+    teams = {r["team"]: r for r in data["teams"]}
+    cohorts = {r["cohort"]: r for r in data["cohorts"]}
+    assert set(cohorts) == {"research", "nlp"}
+    assert cohorts["research"]["teams"] == "a, b" and cohorts["nlp"]["teams"] == "a"
+    assert cohorts["research"]["jobs"] == teams["a"]["jobs"] + teams["b"]["jobs"]
+    hours = teams["a"]["gpu_hours"] + teams["b"]["gpu_hours"]
+    assert cohorts["research"]["gpu_hours"] == pytest.approx(hours, abs=1e-3)
+    assert cohorts["nlp"]["avg_jct_s"] == pytest.approx(teams["a"]["avg_jct_s"], abs=1e-3)
+    write_report(tmp_path, summary, title="tree")
+    report = (tmp_path / "report.md").read_text()
+    assert "## Cohorts (the organization tree" in report and "| research | a, b |" in report
+    flat = [TeamInfo(t.name, t.nominal_gpus) for t in team_infos(tm)]  # no cohorts given
+    assert "cohorts" not in summarize(result.events, info, flat, policy="b", wall_s=0).as_dict()

@@ -186,7 +186,7 @@ def simulate(
 ) -> None:
     """Replay a trace through the engine and write events, a summary, a report and plots."""
     from scheduling.simulator.compare import write_comparison
-    from scheduling.simulator.metrics import ClusterInfo, TeamInfo, summarize
+    from scheduling.simulator.metrics import ClusterInfo, summarize, team_infos
     from scheduling.simulator.report import write_report
     from scheduling.simulator.sim import simulate as run
 
@@ -206,7 +206,7 @@ def simulate(
         {n.name: n.gpus for n in cl.nodes},
         {n.name: n.gpu_model for n in cl.nodes} if len(cl.models) > 1 else {},
     )
-    team_info = [TeamInfo(t.name, t.nominal.as_units()["gpus"], t.weight) for t in tm.values()]
+    team_info = team_infos(tm)
     summaries = []
     for pol in chosen:
         target = out / pol.name if compare else out

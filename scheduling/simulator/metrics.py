@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from scheduling.quota import Team
 from scheduling.simulator.metrics_replay import SMALL_JOB_GPUS, Replay
 
 __all__ = [
@@ -56,6 +57,15 @@ class TeamInfo:
     name: str
     nominal_gpus: float
     weight: float = 1.0
+    cohorts: tuple[str, ...] = ()  # in an organization tree: its cohorts, the closest first
+
+
+def team_infos(teams: Mapping[str, Team]) -> list[TeamInfo]:
+    """The per-team rows' inputs from a teams file's teams."""
+    return [
+        TeamInfo(t.name, t.nominal.as_units()["gpus"], t.weight, tuple(c.name for c in t.cohorts))
+        for t in teams.values()
+    ]
 
 
 @dataclass(frozen=True)
@@ -226,6 +236,8 @@ def _summary(
         "wall_s": _r(wall_s, 3),
         "teams": rows,
     }
+    if any(t.cohorts for t in teams):
+        data["cohorts"] = _cohort_rows(rows, teams)
     if replay.model_of:
         data["models"] = _model_rows(replay, jobs, makespan)
         data["team_models"] = _team_model_rows(replay, jobs)
@@ -306,3 +318,34 @@ def _mean(values: np.ndarray) -> float | None:
 
 def _r(x: float | None, digits: int) -> float | None:
     return None if x is None else round(float(x), digits)
+
+
+def _cohort_rows(rows: list[dict[str, Any]], teams: Sequence[TeamInfo]) -> list[dict[str, Any]]:
+    """Per cohort of the organization tree, its teams' rows summed (an average JCT weighted by
+    their finished jobs): what a department got, beside what each team got."""
+    under: dict[str, list[str]] = {}
+    for t in teams:
+        for c in t.cohorts:
+            under.setdefault(c, []).append(t.name)
+    by_team = {r["team"]: r for r in rows}
+    out = []
+    for cohort in sorted(under):
+        mine = [by_team[n] for n in under[cohort] if n in by_team]
+        finished = sum(r["finished"] for r in mine)
+        jct = sum((r["avg_jct_s"] or 0.0) * r["finished"] for r in mine)
+        out.append(
+            {
+                "cohort": cohort,
+                "teams": ", ".join(r["team"] for r in mine),
+                "nominal_gpus": sum(r["nominal_gpus"] for r in mine),
+                "jobs": sum(r["jobs"] for r in mine),
+                "finished": finished,
+                "avg_jct_s": _r(jct / finished, 3) if finished else None,
+                "gpu_hours": _r(sum(r["gpu_hours"] for r in mine), 4),
+                "avg_gpus": _r(sum(r["avg_gpus"] for r in mine), 3),
+                "nominal_deficit_gpu_hours": _r(
+                    sum(r["nominal_deficit_gpu_hours"] for r in mine), 4
+                ),
+            }
+        )
+    return out

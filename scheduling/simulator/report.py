@@ -77,6 +77,18 @@ TEAM_COLUMNS: tuple[tuple[str, str], ...] = (
     ("preempted", "Preempted"),
 )
 
+COHORT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("cohort", "Cohort"),
+    ("teams", "Teams"),
+    ("nominal_gpus", "Teams' nominal GPUs"),
+    ("jobs", "Jobs"),
+    ("finished", "Finished"),
+    ("avg_jct_s", "Avg JCT (s)"),
+    ("gpu_hours", "GPU-hours"),
+    ("avg_gpus", "Avg GPUs"),
+    ("nominal_deficit_gpu_hours", "Nominal deficit (GPU-h)"),
+)
+
 DEFINITIONS = """\
 - **JCT**: finish time minus submit time, finished jobs only. **First wait**: first admission
   minus submit time, admitted jobs only. **Total wait**: every wait of a finished job summed
@@ -149,6 +161,12 @@ def render_markdown(data: dict[str, Any], *, title: str) -> str:
         [label for _, label in TEAM_COLUMNS],
         [[fmt_value(row.get(key)) for key, _ in TEAM_COLUMNS] for row in data["teams"]],
     )
+    if data.get("cohorts"):
+        lines += ["", "## Cohorts (the organization tree; each its teams' rows summed)", ""]
+        lines += markdown_table(
+            [label for _, label in COHORT_COLUMNS],
+            [[fmt_value(row.get(key)) for key, _ in COHORT_COLUMNS] for row in data["cohorts"]],
+        )
     if data.get("models"):
         lines += ["", "## GPU models", ""]
         lines += markdown_table(
