@@ -12,10 +12,11 @@ from functools import lru_cache
 
 from scheduling.capacity import Capacity
 from scheduling.cluster import CLUSTER, Cluster
+from scheduling.cohorts import reachable
 from scheduling.jobs import Job
 from scheduling.models import model_gpus, node_sets, unknown_models
 from scheduling.placement import max_level, place_gang
-from scheduling.quota import Team, model_quotas, reachable
+from scheduling.quota import Team, model_quotas
 from scheduling.resources import GPU_UNIT, Resources, fmt_gpus, gpu_request_problem
 
 

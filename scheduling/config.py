@@ -24,7 +24,8 @@ from scheduling.cluster import (
     Cluster,
     Node,
 )
-from scheduling.quota import Cohort, ModelQuota, Team
+from scheduling.cohorts import Cohort
+from scheduling.quota import ModelQuota, Team
 from scheduling.resources import UNLIMITED, ZERO, Resources
 
 DEFAULT_SLOWDOWN = {GPU_GROUP: 1.0, NODE: 1.1, RACK: 1.3, BLOCK: 1.5, CLUSTER: 1.8}

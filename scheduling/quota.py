@@ -6,13 +6,9 @@ shared by the cohort. A team may use its guaranteed part plus whatever of the po
 nominal + borrowing_limit. Usage above nominal is *borrowed*: it may be reclaimed by preemption
 when its lender wants it back.
 
-Teams may sit in an organization tree (`teams.yaml`'s `cohorts:`, each with an optional
-parent), as Kueue's hierarchical cohorts: a cohort's quota is its own nominal plus what its
-children lend it; it keeps a guaranteed part for its subtree (quota - lending_limit) and lends
-the rest to its parent's pool, and its subtree's use beyond its quota, drawn from the parent,
-stays within its borrowing limit. So unused quota is lent first inside the closest cohort,
-then further up, within every level's limits. Without cohorts every team is a child of the
-one cohort of all teams, the flat pool above, at no cost.
+Teams may sit in an organization tree (`scheduling/cohorts.py`): unused quota is then lent
+first inside the closest cohort, then further up, within every level's limits. Without
+cohorts every team is a child of the one cohort of all teams, the flat pool above, at no cost.
 
 Resources a team's nominal does not mention are not limited by quota (only by the cluster).
 """
@@ -23,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from scheduling.cohorts import Cohort, capped, cohort_pool, parent_draw
 from scheduling.resources import UNLIMITED, ZERO, Resources
 
 if TYPE_CHECKING:
@@ -50,32 +47,6 @@ class ModelQuota:
 
 
 @dataclass(frozen=True, slots=True)
-class Cohort:
-    """A node of the organization tree (a department, a group of teams), with what its
-    subtree's teams and cohorts lend it (`quota`, worked out when the teams file is read,
-    `config.build_teams`). Limits unset are UNLIMITED (borrowing) or all of its quota
-    (lending); `nominal` is its own quota, beside what its children lend it."""
-
-    name: str
-    parent: str | None
-    nominal: Resources
-    borrowing_limit: Resources
-    lending_limit: Resources | None
-    quota: Resources  # own nominal + what its children lend it
-    weight: float = 1.0  # its fair-share weight against its siblings
-    guaranteed: Resources = field(init=False, repr=False, compare=False)
-    ceiling: Resources = field(init=False, repr=False, compare=False)  # quota + borrowing
-    lends: Resources = field(init=False, repr=False, compare=False)  # to its parent's pool
-
-    def __post_init__(self) -> None:
-        lending = self.quota if self.lending_limit is None else self.lending_limit
-        guaranteed = (self.quota - lending).clamp_low()
-        object.__setattr__(self, "guaranteed", guaranteed)
-        object.__setattr__(self, "ceiling", _cap(self.quota + self.borrowing_limit))
-        object.__setattr__(self, "lends", _cap(self.quota - guaranteed))
-
-
-@dataclass(frozen=True, slots=True)
 class Team:
     """A team's quota. Unset limits are UNLIMITED (borrowing) or all of nominal (lending)."""
 
@@ -96,12 +67,8 @@ class Team:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "guaranteed", (self.nominal - self.lending_limit).clamp_low())
-        object.__setattr__(self, "ceiling", _cap(self.nominal + self.borrowing_limit))
-        object.__setattr__(self, "lends", _cap(self.lending_limit))
-
-
-def _cap(r: Resources) -> Resources:
-    return Resources(min(r.gpu, UNLIMITED), min(r.cpu, UNLIMITED), min(r.mem, UNLIMITED))
+        object.__setattr__(self, "ceiling", capped(self.nominal + self.borrowing_limit))
+        object.__setattr__(self, "lends", capped(self.lending_limit))
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,104 +133,6 @@ _PROBLEMS = {
     for resource in ("gpus", "cpus", "memory_gb")
     for limit in ("borrowing_limit", "cohort", "nominal_non_preemptible")
 }
-
-
-def cohort_pool(teams: Mapping[str, Team]) -> Resources:
-    """The root's pool: what the teams outside any cohort and the top-level cohorts lend to
-    each other in all (without cohorts: the sum of the teams' lending limits)."""
-    pool = ZERO
-    tops: dict[str, Cohort] = {}
-    for t in teams.values():
-        if t.cohorts:
-            tops[t.cohorts[-1].name] = t.cohorts[-1]
-        else:
-            pool = pool + t.lends
-    for c in tops.values():
-        pool = pool + c.lends
-    return _cap(pool)
-
-
-def reachable(team: Team, teams: Mapping[str, Team]) -> Resources:
-    """The most the team could ever use, every other team using nothing: its guaranteed part
-    plus what the pools up its cohorts could lend it, within every level's limits."""
-    room = cohort_pool(teams)  # what the root's pool holds
-    for c in reversed(team.cohorts):  # from the top down: what each level may hold
-        room = _least(c.ceiling, c.guaranteed + room)
-    return _least(team.ceiling, team.guaranteed + room)
-
-
-def tree_excess(
-    teams: Mapping[str, Team], usage: Mapping[str, Resources]
-) -> tuple[str, str] | None:
-    """The first cohort (or "" for the root) whose limits `usage` (team -> usage) breaks,
-    with the resource; None when every level holds. The teams' own ceilings are not tested.
-    For the audit and tests: the ledger keeps the same sums as usage changes."""
-    stored: dict[str, Resources] = {}  # cohort -> what its children draw on its pool
-    root = ZERO
-    for name, t in teams.items():
-        draw = (usage.get(name, ZERO) - t.guaranteed).clamp_low()
-        if t.cohorts:
-            c = t.cohorts[0].name
-            stored[c] = stored.get(c, ZERO) + draw
-        else:
-            root = root + draw
-    # Cohorts deepest first, so each adds its draw to its parent's before the parent's turn.
-    order = sorted(_cohorts(teams).values(), key=lambda c: -_depth(c, teams))
-    for c in order:
-        used = stored.get(c.name, ZERO)
-        over = used.first_excess(c.ceiling)
-        if over:
-            return c.name, over
-        draw = (used - c.guaranteed).clamp_low()
-        if c.parent is None:
-            root = root + draw
-        else:
-            stored[c.parent] = stored.get(c.parent, ZERO) + draw
-    over = root.first_excess(cohort_pool(teams))
-    return ("", over) if over else None
-
-
-def _cohorts(teams: Mapping[str, Team]) -> dict[str, Cohort]:
-    return {c.name: c for t in teams.values() for c in t.cohorts}
-
-
-def _depth(c: Cohort, teams: Mapping[str, Team]) -> int:
-    by_name, depth = _cohorts(teams), 0
-    while c.parent is not None:
-        c, depth = by_name[c.parent], depth + 1
-    return depth
-
-
-def _least(a: Resources, b: Resources) -> Resources:
-    return Resources(min(a.gpu, b.gpu), min(a.cpu, b.cpu), min(a.mem, b.mem))
-
-
-def below_nominal_after(used: tuple[int, int, int], release: Resources, nominal: Resources) -> bool:
-    """True when a team using `used` that gives up `release` ends below its nominal somewhere:
-    the one rule that keeps a preemption from taking a lending team's guarantee.
-
-    GPUs count always: a victim team may never lose GPUs it holds within its nominal. CPUs and
-    memory count only where the team is above its nominal: a team already below its nominal
-    CPUs is not 'taken below' by losing more of them.
-    """
-    n, (ug, uc, um) = nominal, used  # plain ints (GPU, CPU, memory): a hot path
-    return (
-        (release.gpu > 0 and ug - release.gpu < n.gpu)
-        or (release.cpu > 0 and uc > n.cpu and uc - release.cpu < n.cpu)
-        or (release.mem > 0 and um > n.mem and um - release.mem < n.mem)
-    )
-
-
-def borrows_in(used: tuple[int, int, int], release: Resources, nominal: Resources) -> bool:
-    """True when a team using `used` borrows what `release` frees: Kueue's test of a reclaim
-    victim (its ClusterQueue is borrowing), which may leave the team below its nominal once
-    the victim is gone. A victim that holds GPUs counts against the team's GPUs only (Kueue
-    looks at the resources the preemptor lacks; on a GPU cluster those are GPUs), one that
-    holds none against the CPUs or memory it frees."""
-    n, (ug, uc, um) = nominal, used
-    if release.gpu > 0:
-        return ug > n.gpu
-    return (release.cpu > 0 and uc > n.cpu) or (release.mem > 0 and um > n.mem)
 
 
 class QuotaLedger:
@@ -435,9 +304,9 @@ class QuotaLedger:
         holds its teams' use up to its guaranteed part, and draws the rest on its parent's
         pool), breaks no cohort's quota + borrowing limit and fits the root's pool."""
         d = [
-            _draw(ag, g.gpu) - _draw(u.gpu, g.gpu),
-            _draw(ac, g.cpu) - _draw(u.cpu, g.cpu),
-            _draw(am, g.mem) - _draw(u.mem, g.mem),
+            parent_draw(ag, g.gpu) - parent_draw(u.gpu, g.gpu),
+            parent_draw(ac, g.cpu) - parent_draw(u.cpu, g.cpu),
+            parent_draw(am, g.mem) - parent_draw(u.mem, g.mem),
         ]
         for c in path:
             if not any(d):
@@ -450,7 +319,7 @@ class QuotaLedger:
                 after = before[i] + d[i]
                 if d[i] > 0 and after > limits[i]:
                     return QuotaProblem(resource, COHORT_LIMIT + c.name)
-                d[i] = _draw(after, keeps[i]) - _draw(before[i], keeps[i])
+                d[i] = parent_draw(after, keeps[i]) - parent_draw(before[i], keeps[i])
         p, cap = self.pool_used, self.pool_capacity
         for i, (used, most) in enumerate(((p.gpu, cap.gpu), (p.cpu, cap.cpu), (p.mem, cap.mem))):
             if d[i] > 0 and used + d[i] > most:
@@ -556,9 +425,9 @@ class QuotaLedger:
                 s, k = self.cohort_used.get(c.name, ZERO), c.guaranteed
                 after = Resources(s.gpu + dg, s.cpu + dc, s.mem + dm)
                 self.cohort_used[c.name] = after
-                dg = _draw(after.gpu, k.gpu) - _draw(s.gpu, k.gpu)
-                dc = _draw(after.cpu, k.cpu) - _draw(s.cpu, k.cpu)
-                dm = _draw(after.mem, k.mem) - _draw(s.mem, k.mem)
+                dg = parent_draw(after.gpu, k.gpu) - parent_draw(s.gpu, k.gpu)
+                dc = parent_draw(after.cpu, k.cpu) - parent_draw(s.cpu, k.cpu)
+                dm = parent_draw(after.mem, k.mem) - parent_draw(s.mem, k.mem)
         self.pool_used = Resources(p.gpu + dg, p.cpu + dc, p.mem + dm)
         n = self._nominal[team]
         if ag > n.gpu or ac > n.cpu or am > n.mem:
@@ -614,11 +483,6 @@ class QuotaLedger:
 
 
 _RESOURCES = ("gpus", "cpus", "memory_gb")
-
-
-def _draw(used: int, guaranteed: int) -> int:
-    """What a usage draws on its parent's pool: the part beyond the guaranteed one."""
-    return used - guaranteed if used > guaranteed else 0
 
 
 def _share(u: Resources, total: Resources) -> float:

@@ -9,8 +9,37 @@ from collections.abc import Sequence
 from scheduling.capacity import Capacity
 from scheduling.jobs import Job, Placement, Running
 from scheduling.models import gpus_by_model
-from scheduling.quota import QuotaLedger, below_nominal_after, borrows_in
+from scheduling.quota import QuotaLedger
+from scheduling.resources import Resources
 from scheduling.strategies import Placer
+
+
+def below_nominal_after(used: tuple[int, int, int], release: Resources, nominal: Resources) -> bool:
+    """True when a team using `used` that gives up `release` ends below its nominal somewhere:
+    the one rule that keeps a preemption from taking a lending team's guarantee.
+
+    GPUs count always: a victim team may never lose GPUs it holds within its nominal. CPUs and
+    memory count only where the team is above its nominal: a team already below its nominal
+    CPUs is not 'taken below' by losing more of them.
+    """
+    n, (ug, uc, um) = nominal, used  # plain ints (GPU, CPU, memory): a hot path
+    return (
+        (release.gpu > 0 and ug - release.gpu < n.gpu)
+        or (release.cpu > 0 and uc > n.cpu and uc - release.cpu < n.cpu)
+        or (release.mem > 0 and um > n.mem and um - release.mem < n.mem)
+    )
+
+
+def borrows_in(used: tuple[int, int, int], release: Resources, nominal: Resources) -> bool:
+    """True when a team using `used` borrows what `release` frees: Kueue's test of a reclaim
+    victim (its ClusterQueue is borrowing), which may leave the team below its nominal once
+    the victim is gone. A victim that holds GPUs counts against the team's GPUs only (Kueue
+    looks at the resources the preemptor lacks; on a GPU cluster those are GPUs), one that
+    holds none against the CPUs or memory it frees."""
+    n, (ug, uc, um) = nominal, used
+    if release.gpu > 0:
+        return ug > n.gpu
+    return (release.cpu > 0 and uc > n.cpu) or (release.mem > 0 and um > n.mem)
 
 
 class Released:

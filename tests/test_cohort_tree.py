@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduling.admission import check_job
+from scheduling.cohorts import Cohort, cohort_pool, reachable, tree_excess
 from scheduling.config import ConfigError, parse_teams
 from scheduling.decisions import Reason
-from scheduling.quota import Cohort, QuotaLedger, Team, cohort_pool, reachable, tree_excess
+from scheduling.quota import QuotaLedger, Team
 from scheduling.resources import UNLIMITED, ZERO, Resources
 from scheduling.simulator.audit import audit, audit_or_raise
 from scheduling.simulator.baselines import POLICIES

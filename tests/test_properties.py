@@ -42,9 +42,10 @@ from hypothesis import strategies as st
 
 import scheduling.simulator.sim as sim
 from scheduling.cluster import GPU_GROUP, NODE, Cluster, Node
+from scheduling.cohorts import reachable
 from scheduling.config import parse_cluster, parse_teams
 from scheduling.policy import Policy
-from scheduling.quota import Team, reachable
+from scheduling.quota import Team
 from scheduling.resources import GPU_UNIT, Resources
 from scheduling.simulator.audit import Violation, audit, audit_or_raise
 from scheduling.simulator.baselines import POLICIES

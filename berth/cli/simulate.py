@@ -19,11 +19,12 @@ from rich.table import Table
 
 from scheduling.admission import model_reach
 from scheduling.cluster import Cluster
+from scheduling.cohorts import reachable
 from scheduling.config import ConfigError, check_team_models, load_cluster, load_teams
 from scheduling.models import model_gpus
 from scheduling.policy import UnknownPolicyError
 from scheduling.policy_file import load_policy
-from scheduling.quota import Team, model_quotas, reachable
+from scheduling.quota import Team, model_quotas
 from scheduling.resources import UNLIMITED, Resources
 from scheduling.simulator.baselines import POLICIES, get_policy
 from scheduling.simulator.trace import TraceFormatError, load_trace

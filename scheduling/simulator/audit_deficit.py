@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from scheduling.cluster import GPU_GROUP
-from scheduling.quota import tree_excess
+from scheduling.cohorts import tree_excess
 from scheduling.resources import GPU_UNIT, ZERO, Resources
 from scheduling.simulator.trace import TraceJob
 

@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from scheduling.cluster import CLUSTER, GPU_GROUP, NODE, Cluster
-from scheduling.quota import reachable, tree_excess
+from scheduling.cohorts import reachable, tree_excess
 from scheduling.resources import GPU_UNIT, Resources, gpu_request_problem
 from scheduling.simulator.trace import TraceJob
 

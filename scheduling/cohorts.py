@@ -1,0 +1,127 @@
+"""The organization tree: cohorts of teams, as Kueue's hierarchical cohorts (decision 0023).
+
+A cohort's quota is its own nominal plus what its children (teams and cohorts) lend it; it
+keeps a guaranteed part for its subtree (quota - lending_limit) and lends the rest to its
+parent's pool; what a node uses beyond its guaranteed part it draws on its parent's pool,
+and a cohort's children's draw stays within its quota + borrowing limit. The root (the cohort
+of all teams) has no limits of its own: its pool is what its children lend. The ledger keeps
+these sums as usage changes (`quota.QuotaLedger`); the functions here work them out whole,
+for rejection at submission, the audit and the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from scheduling.resources import UNLIMITED, ZERO, Resources
+
+if TYPE_CHECKING:
+    from scheduling.quota import Team
+
+
+@dataclass(frozen=True, slots=True)
+class Cohort:
+    """A node of the organization tree (a department, a group of teams), with what its
+    subtree's teams and cohorts lend it (`quota`, worked out when the teams file is read,
+    `config.build_teams`). Limits unset are UNLIMITED (borrowing) or all of its quota
+    (lending); `nominal` is its own quota, beside what its children lend it."""
+
+    name: str
+    parent: str | None
+    nominal: Resources
+    borrowing_limit: Resources
+    lending_limit: Resources | None
+    quota: Resources  # own nominal + what its children lend it
+    weight: float = 1.0  # its fair-share weight against its siblings
+    guaranteed: Resources = field(init=False, repr=False, compare=False)
+    ceiling: Resources = field(init=False, repr=False, compare=False)  # quota + borrowing
+    lends: Resources = field(init=False, repr=False, compare=False)  # to its parent's pool
+
+    def __post_init__(self) -> None:
+        lending = self.quota if self.lending_limit is None else self.lending_limit
+        guaranteed = (self.quota - lending).clamp_low()
+        object.__setattr__(self, "guaranteed", guaranteed)
+        object.__setattr__(self, "ceiling", capped(self.quota + self.borrowing_limit))
+        object.__setattr__(self, "lends", capped(self.quota - guaranteed))
+
+
+def capped(r: Resources) -> Resources:
+    """Each resource at most UNLIMITED (sums of unlimited quotas stay unlimited)."""
+    return Resources(min(r.gpu, UNLIMITED), min(r.cpu, UNLIMITED), min(r.mem, UNLIMITED))
+
+
+def cohort_pool(teams: Mapping[str, Team]) -> Resources:
+    """The root's pool: what the teams outside any cohort and the top-level cohorts lend to
+    each other in all (without cohorts: the sum of the teams' lending limits)."""
+    pool = ZERO
+    tops: dict[str, Cohort] = {}
+    for t in teams.values():
+        if t.cohorts:
+            tops[t.cohorts[-1].name] = t.cohorts[-1]
+        else:
+            pool = pool + t.lends
+    for c in tops.values():
+        pool = pool + c.lends
+    return capped(pool)
+
+
+def reachable(team: Team, teams: Mapping[str, Team]) -> Resources:
+    """The most the team could ever use, every other team using nothing: its guaranteed part
+    plus what the pools up its cohorts could lend it, within every level's limits."""
+    room = cohort_pool(teams)  # what the root's pool holds
+    for c in reversed(team.cohorts):  # from the top down: what each level may hold
+        room = _least(c.ceiling, c.guaranteed + room)
+    return _least(team.ceiling, team.guaranteed + room)
+
+
+def tree_excess(
+    teams: Mapping[str, Team], usage: Mapping[str, Resources]
+) -> tuple[str, str] | None:
+    """The first cohort (or "" for the root) whose limits `usage` (team -> usage) breaks,
+    with the resource; None when every level holds. The teams' own ceilings are not tested.
+    For the audit and tests: the ledger keeps the same sums as usage changes."""
+    stored: dict[str, Resources] = {}  # cohort -> what its children draw on its pool
+    root = ZERO
+    for name, t in teams.items():
+        draw = (usage.get(name, ZERO) - t.guaranteed).clamp_low()
+        if t.cohorts:
+            c = t.cohorts[0].name
+            stored[c] = stored.get(c, ZERO) + draw
+        else:
+            root = root + draw
+    # Cohorts deepest first, so each adds its draw to its parent's before the parent's turn.
+    order = sorted(_cohorts(teams).values(), key=lambda c: -_depth(c, teams))
+    for c in order:
+        used = stored.get(c.name, ZERO)
+        over = used.first_excess(c.ceiling)
+        if over:
+            return c.name, over
+        draw = (used - c.guaranteed).clamp_low()
+        if c.parent is None:
+            root = root + draw
+        else:
+            stored[c.parent] = stored.get(c.parent, ZERO) + draw
+    over = root.first_excess(cohort_pool(teams))
+    return ("", over) if over else None
+
+
+def _cohorts(teams: Mapping[str, Team]) -> dict[str, Cohort]:
+    return {c.name: c for t in teams.values() for c in t.cohorts}
+
+
+def _depth(c: Cohort, teams: Mapping[str, Team]) -> int:
+    by_name, depth = _cohorts(teams), 0
+    while c.parent is not None:
+        c, depth = by_name[c.parent], depth + 1
+    return depth
+
+
+def _least(a: Resources, b: Resources) -> Resources:
+    return Resources(min(a.gpu, b.gpu), min(a.cpu, b.cpu), min(a.mem, b.mem))
+
+
+def parent_draw(used: int, guaranteed: int) -> int:
+    """What a usage draws on its parent's pool: the part beyond the guaranteed one."""
+    return used - guaranteed if used > guaranteed else 0
