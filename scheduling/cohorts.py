@@ -122,6 +122,34 @@ def _least(a: Resources, b: Resources) -> Resources:
     return Resources(min(a.gpu, b.gpu), min(a.cpu, b.cpu), min(a.mem, b.mem))
 
 
+def carry_up(
+    path: tuple[Cohort, ...], used: Mapping[str, Resources], delta: Resources
+) -> tuple[list[tuple[Cohort, Resources, Resources]], Resources]:
+    """A team's change of draw carried up its cohorts (`path`, the closest first; `used`:
+    what each cohort's children draw on it): each cohort it reaches with its usage before and
+    after, and the change that reaches the root's pool. Each level passes up only what moves
+    beyond its guaranteed part; one that keeps the whole change ends the walk."""
+    steps = []
+    for c in path:
+        if delta == ZERO:
+            break
+        before = used.get(c.name, ZERO)
+        after = before + delta
+        steps.append((c, before, after))
+        delta = (after - c.guaranteed).clamp_low() - (before - c.guaranteed).clamp_low()
+    return steps, delta
+
+
+def grown_past(before: Resources, after: Resources, limit: Resources) -> str | None:
+    """The first resource that grew from `before` to `after` and is over `limit` after."""
+    grew = Resources(
+        after.gpu if after.gpu > before.gpu else 0,
+        after.cpu if after.cpu > before.cpu else 0,
+        after.mem if after.mem > before.mem else 0,
+    )
+    return grew.first_excess(limit)
+
+
 def parent_draw(used: int, guaranteed: int) -> int:
     """What a usage draws on its parent's pool: the part beyond the guaranteed one."""
     return used - guaranteed if used > guaranteed else 0

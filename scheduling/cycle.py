@@ -41,7 +41,7 @@ from scheduling.decisions import (
 from scheduling.jobs import Job, Pending, Placement, Running
 from scheduling.model_choice import FasterModel, ModelChoice
 from scheduling.model_quotas import ModelQuotaPlacer
-from scheduling.models import gpus_by_model
+from scheduling.models import accepted_models, gpus_by_model
 from scheduling.ordering import Candidates
 from scheduling.policy import Policy
 from scheduling.reservation import choose_reservation
@@ -303,7 +303,7 @@ class Cycle(PreemptionSteps):
         if reason.code == Reason.FASTER_MODEL:
             return (self.waits_for[pending.job.id].model,)
         if reason.code == Reason.NO_PLACEMENT:
-            return self.model_choice.accepted(pending.job)
+            return accepted_models(self.snap.cluster, pending.job)
         return ()
 
     def _claim_for_mates(self, pending: Pending, reason: PendingReason) -> None:

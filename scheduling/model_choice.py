@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from scheduling.models import accepted_models
 from scheduling.resources import GPU_UNIT
 
 if TYPE_CHECKING:
@@ -77,11 +78,6 @@ class ModelChoice:
             key = (pending.job.team, pending.klass, m)
             self._class_claims[key] = self._class_claims.get(key, 0) + gpus
 
-    def accepted(self, job: Job) -> tuple[str, ...]:
-        """The cluster's models the job accepts."""
-        known = self.snap.cluster.model_nodes
-        return tuple(m for m in (job.gpu_models or self.snap.cluster.models) if m in known)
-
     def faster(
         self,
         cap: Capacity,
@@ -101,10 +97,8 @@ class ModelChoice:
         slow = speed.get(here, 1.0)
         faster = [
             m
-            for m in (job.gpu_models or cluster.models)
-            if m in cluster.model_nodes
-            and speed.get(m, 1.0) > slow
-            and (models is None or m in models)
+            for m in accepted_models(cluster, job)
+            if speed.get(m, 1.0) > slow and (models is None or m in models)
         ]
         if not faster:
             return None

@@ -45,6 +45,12 @@ def _node_sets(
     return tuple(known[m] for m in accepted)
 
 
+def accepted_models(cluster: Cluster, job: Job) -> tuple[str, ...]:
+    """The cluster's GPU models the job accepts, in its order (else the cluster's)."""
+    known = cluster.model_nodes
+    return tuple(m for m in (job.gpu_models or cluster.models) if m in known)
+
+
 def accepted_nodes(cluster: Cluster, job: Job) -> frozenset[int] | None:
     """Every node of a model the job accepts; None: every node."""
     sets = node_sets(cluster, job)

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from scheduling.cohorts import Cohort, capped, cohort_pool, parent_draw
+from scheduling.cohorts import Cohort, capped, carry_up, cohort_pool, grown_past, parent_draw
 from scheduling.resources import UNLIMITED, ZERO, Resources
 
 if TYPE_CHECKING:
@@ -303,28 +303,18 @@ class QuotaLedger:
         """`check` for a team in cohorts: its draw's change, carried up its cohorts (each
         holds its teams' use up to its guaranteed part, and draws the rest on its parent's
         pool), breaks no cohort's quota + borrowing limit and fits the root's pool."""
-        d = [
+        d = Resources(
             parent_draw(ag, g.gpu) - parent_draw(u.gpu, g.gpu),
             parent_draw(ac, g.cpu) - parent_draw(u.cpu, g.cpu),
             parent_draw(am, g.mem) - parent_draw(u.mem, g.mem),
-        ]
-        for c in path:
-            if not any(d):
-                return None  # nothing changes further up
-            s = self.cohort_used.get(c.name, ZERO)
-            before, ceiling, kept = (s.gpu, s.cpu, s.mem), c.ceiling, c.guaranteed
-            limits = (ceiling.gpu, ceiling.cpu, ceiling.mem)
-            keeps = (kept.gpu, kept.cpu, kept.mem)
-            for i, resource in enumerate(_RESOURCES):
-                after = before[i] + d[i]
-                if d[i] > 0 and after > limits[i]:
-                    return QuotaProblem(resource, COHORT_LIMIT + c.name)
-                d[i] = parent_draw(after, keeps[i]) - parent_draw(before[i], keeps[i])
-        p, cap = self.pool_used, self.pool_capacity
-        for i, (used, most) in enumerate(((p.gpu, cap.gpu), (p.cpu, cap.cpu), (p.mem, cap.mem))):
-            if d[i] > 0 and used + d[i] > most:
-                return _PROBLEMS[_RESOURCES[i], "cohort"]
-        return None
+        )
+        steps, d = carry_up(path, self.cohort_used, d)
+        for c, before, after in steps:
+            over = grown_past(before, after, c.ceiling)
+            if over:
+                return QuotaProblem(over, COHORT_LIMIT + c.name)
+        over = grown_past(self.pool_used, self.pool_used + d, self.pool_capacity)
+        return None if over is None else _PROBLEMS[over, "cohort"]
 
     def _own_limits(
         self, team: str, ag: int, ac: int, am: int, preemptible: bool
@@ -419,15 +409,10 @@ class QuotaLedger:
         dm = (am - gm if am > gm else 0) - (bm - gm if bm > gm else 0)
         path = self._paths.get(team) if self._paths else None
         if path:  # carried up the team's cohorts: what reaches the root's pool
-            for c in path:
-                if not (dg or dc or dm):
-                    break
-                s, k = self.cohort_used.get(c.name, ZERO), c.guaranteed
-                after = Resources(s.gpu + dg, s.cpu + dc, s.mem + dm)
+            steps, d = carry_up(path, self.cohort_used, Resources(dg, dc, dm))
+            for c, _, after in steps:
                 self.cohort_used[c.name] = after
-                dg = parent_draw(after.gpu, k.gpu) - parent_draw(s.gpu, k.gpu)
-                dc = parent_draw(after.cpu, k.cpu) - parent_draw(s.cpu, k.cpu)
-                dm = parent_draw(after.mem, k.mem) - parent_draw(s.mem, k.mem)
+            dg, dc, dm = d.gpu, d.cpu, d.mem
         self.pool_used = Resources(p.gpu + dg, p.cpu + dc, p.mem + dm)
         n = self._nominal[team]
         if ag > n.gpu or ac > n.cpu or am > n.mem:
@@ -480,9 +465,6 @@ class QuotaLedger:
     def dominant_share(self, team: str, total: Resources) -> float:
         """Weighted DRF share: the largest fraction of any cluster resource, over the weight."""
         return _share(self.usage[team], total) / self.teams[team].weight
-
-
-_RESOURCES = ("gpus", "cpus", "memory_gb")
 
 
 def _share(u: Resources, total: Resources) -> float:

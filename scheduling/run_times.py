@@ -38,8 +38,9 @@ class RunTimes:
         self._sorted: dict[str, list[float]] = {}
         self._all: list[float] = []
         self._all_recent: deque[float] = deque()
-        # id of a sorted list -> {start index: mean of the list from there}; cleared on add
-        self._tails: dict[int, dict[int, float]] = {}
+        # team (None: the cluster's) -> {start index: mean of its sorted runs from there};
+        # a team's is cleared when it adds a run, the cluster's on every add
+        self._tails: dict[str | None, dict[int, float]] = {}
 
     def add(self, team: str, seconds: float) -> None:
         if not (math.isfinite(seconds) and seconds >= 0):
@@ -48,26 +49,26 @@ class RunTimes:
         runs = self._sorted.setdefault(team, [])
         _push(recent, runs, seconds, self.window)
         _push(self._all_recent, self._all, seconds, self.window * 4)
-        self._tails.pop(id(runs), None)
-        self._tails.pop(id(self._all), None)
+        self._tails.pop(team, None)
+        self._tails.pop(None, None)
 
     def remaining(self, team: str, elapsed: float) -> float:
         """How much longer a run of the team that has lasted `elapsed` seconds will last."""
-        for runs in (self._sorted.get(team) or (), self._all):
+        for key, runs in ((team, self._sorted.get(team) or []), (None, self._all)):
             i = bisect.bisect_right(runs, elapsed)
             if i < len(runs):
-                return self._tail_mean(runs, i) - elapsed
+                return self._tail_mean(key, runs, i) - elapsed
         if self._all:
             return elapsed  # longer than any run seen: as long again
         return max(elapsed, DEFAULT_RUN_S)
 
     def typical(self, team: str) -> float:
         """How long a new run of the team lasts: the mean of its runs."""
-        runs = self._sorted.get(team) or self._all
-        return self._tail_mean(runs, 0) if runs else DEFAULT_RUN_S
+        key, runs = (team, self._sorted[team]) if self._sorted.get(team) else (None, self._all)
+        return self._tail_mean(key, runs, 0) if runs else DEFAULT_RUN_S
 
-    def _tail_mean(self, runs: list[float], i: int) -> float:
-        tails = self._tails.setdefault(id(runs), {})
+    def _tail_mean(self, key: str | None, runs: list[float], i: int) -> float:
+        tails = self._tails.setdefault(key, {})
         mean = tails.get(i)
         if mean is None:
             mean = tails[i] = statistics.fmean(runs[i:])
