@@ -9,7 +9,8 @@ how the victims are found, is `scheduling/preemption.py` and `scheduling/model_r
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from scheduling import reasons
@@ -150,6 +151,10 @@ class PreemptionSteps:
             return None
         if not known_to_fail:  # one known to fail is not run at all in FAST: it costs nothing
             self.searches[budget] = tried + 1
+        if reclaims and not self.policy.victim_keeps_nominal and self.quota.has_models:
+            job = _on_models_within_nominal(self.quota, self.snap.cluster.models, job)
+            if job is None:
+                return None
         plan = plan_preemption(
             self._victim_pool(),
             self.cap,
@@ -257,6 +262,28 @@ class PreemptionSteps:
 
 
 _UNKNOWN = object()
+
+
+def _on_models_within_nominal(quota: QuotaLedger, models: Sequence[str], job: Job) -> Job | None:
+    """Under Kueue's victim rule (`Policy.victim_keeps_nominal` off), a reclaim of the totals
+    lands only where the job stays within its team's nominal of the model, as a Kueue workload
+    reclaims only within its ClusterQueue's nominal quota of the flavor it is assigned: the job
+    narrowed to such models (a model no team declares a key for counts as within), or None.
+    Else a team within its total nominal that reclaims onto a model it then borrows loses the
+    job to the model's reclaim by the team it took the GPUs from (which Kueue's rule let it take
+    below its nominal), and so on at one instant for ever (found by a fresh-example hunt, seed
+    2635410150; tests/test_model_quotas.py). With the rule on, the totals' reclaim never takes
+    a team below its nominal, and a model's reclaim keeps its team within it: no such cycle."""
+    declared = quota.declared_models(job.team)
+    kept = tuple(
+        m
+        for m in job.gpu_models or models
+        if m not in declared
+        or quota.model_usage.get((job.team, m), 0) + job.demand.gpu <= declared[m].nominal
+    )
+    if kept == (job.gpu_models or tuple(models)):
+        return job
+    return replace(job, gpu_models=kept) if kept else None
 
 
 def _lowest(running_priorities: Mapping[str, Counter], team: str) -> int | None:

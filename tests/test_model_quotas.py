@@ -3,10 +3,13 @@ lending_limit, enforced beside the model-agnostic ones (scheduling/quota.py, dec
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from builders import World, admitted, job, policy
+from test_properties import TOPOLOGY_AWARE, _simulate
+from test_shortcuts import _load
 from typer.testing import CliRunner
 
 from berth.cli import app
@@ -368,3 +371,18 @@ def test_the_models_quota_family_replays_within_every_key(policy: str) -> None:
     audit_or_raise(result.events, work.cluster, work.teams, POLICIES[policy], jobs)
     models = {q.model for t in work.teams.values() for q in t.models}
     assert models == {"H100", "A100"}
+
+
+LIVELOCKS = sorted((Path(__file__).parent / "data" / "livelocks_fixed").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", LIVELOCKS, ids=[p.stem for p in LIVELOCKS])
+@pytest.mark.parametrize("name", TOPOLOGY_AWARE)
+def test_scenarios_that_livelocked_end_and_pass_the_audit(path: Path, name: str) -> None:
+    """Each file's replay livelocked under its `policy` before the fix its `cause` names (the
+    simulator's preemption guard raised `Livelock`); every job now settles, audited."""
+    s = _load(path)
+    result = _simulate(s, name)
+    audit_or_raise(result.events, s.cluster, s.teams, s.policy(name), s.jobs)
+    settled = {e["job"] for e in result.events if e["type"] in ("finish", "reject")}
+    assert settled == set(s.jobs)
