@@ -39,6 +39,7 @@ from berth.store.schema import engine_row
 from berth.store.views import ModelUsage, TeamUsage
 from plugins.berth_api import access, models, source
 from plugins.berth_api.app import create_app
+from scheduling.config import parse_teams
 from scheduling.policy import BERTH
 
 REPO = Path(__file__).resolve().parent.parent
@@ -174,6 +175,100 @@ def test_a_team_shows_its_gpus_per_model_with_null_for_no_key_or_no_limit() -> N
         {"model": "H100", "held_gpus": 4.0, "nominal_gpus": 4.0, "ceiling_gpus": None},
         {"model": "A100", "held_gpus": 2.0, "nominal_gpus": None, "ceiling_gpus": None},
     ]
+
+
+# Two levels: the research department (lends its parent at most 2 of its quota) holds the
+# nlp team and the vision lab (its own 2 GPUs, borrows at most 4), which holds cv and speech
+# (speech keeps 1 of its 2 GPUs: its lending limit is 1); ops sits at the root.
+TREE = {
+    "cohorts": [
+        {"name": "research", "lending_limit": {"gpus": 2}},
+        {
+            "name": "vision-lab",
+            "parent": "research",
+            "nominal": {"gpus": 2},
+            "borrowing_limit": {"gpus": 4},
+        },
+    ],
+    "teams": [
+        {"name": "cv", "nominal": {"gpus": 4}, "cohort": "vision-lab"},
+        {
+            "name": "speech",
+            "nominal": {"gpus": 2},
+            "lending_limit": {"gpus": 1},
+            "cohort": "vision-lab",
+        },
+        {"name": "nlp", "nominal": {"gpus": 4}, "cohort": "research"},
+        {"name": "ops", "nominal": {"gpus": 6}},
+    ],
+}
+
+
+@pytest.fixture
+def tree_store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(f"sqlite:///{tmp_path}/tree.db", cluster(nodes=2, gpus=8), parse_teams(TREE), FAST)
+    yield s
+    s.close()
+
+
+def test_cohorts_show_each_levels_quota_use_and_borrowing(tree_store: Store) -> None:
+    client = mounted(tree_store)
+    idle = models.Cohorts.model_validate(get(client, f"{API}/cohorts")).cohorts
+    assert [(c.name, c.held_gpus, c.used_gpus, c.borrowed_gpus) for c in idle] == [
+        ("research", 0, 0, 0),
+        ("vision-lab", 0, 0, 0),
+    ]
+    # cv 8 GPUs (4 above its nominal), speech 1 (within the part it keeps), nlp 2.
+    for i, (name, team, gpus) in enumerate(
+        [("cv1", "cv", 4), ("cv2", "cv", 4), ("sp", "speech", 1), ("nlp1", "nlp", 2)]
+    ):
+        tree_store.submit(job_spec(name, team, gpus), job_id=name, now=float(i))
+    assert sorted(tree_store.schedule(now=5.0).admitted) == ["cv1", "cv2", "nlp1", "sp"]
+    # Parents before their children.
+    research, lab = (
+        c.model_dump() for c in models.Cohorts.model_validate(get(client, f"{API}/cohorts")).cohorts
+    )
+    assert lab == {
+        "name": "vision-lab",
+        "parent": "research",
+        "nominal_gpus": 2.0,
+        "quota_gpus": 7.0,  # its own 2, cv's 4, the 1 speech lends
+        "guaranteed_gpus": 0.0,  # no lending limit: it lends all of it
+        "lending_limit_gpus": None,
+        "borrowing_limit_gpus": 4.0,
+        "ceiling_gpus": 11.0,
+        "held_gpus": 9.0,
+        "used_gpus": 8.0,  # cv's 8; speech's 1 is within the part it keeps
+        "borrowed_gpus": 1.0,  # 8 used of a quota of 7: 1 from research's pool
+        "weight": 1.0,
+        "cohorts": [],
+        "teams": ["cv", "speech"],
+    }
+    assert research == {
+        "name": "research",
+        "parent": None,
+        "nominal_gpus": 0.0,
+        "quota_gpus": 11.0,  # nlp's 4 and the lab's 7
+        "guaranteed_gpus": 9.0,  # it lends its parent at most 2
+        "lending_limit_gpus": 2.0,
+        "borrowing_limit_gpus": None,
+        "ceiling_gpus": None,
+        "held_gpus": 11.0,
+        "used_gpus": 10.0,  # the lab's 8 and nlp's 2
+        "borrowed_gpus": 0.0,  # it draws 1 on the root's pool, which it lends 2
+        "weight": 1.0,
+        "cohorts": ["vision-lab"],
+        "teams": ["nlp"],
+    }
+    # The teams' own rows name the same tree.
+    rows = {t.team: t for t in models.Teams.model_validate(get(client, f"{API}/teams")).teams}
+    assert rows["speech"].cohorts == ["vision-lab", "research"] and rows["ops"].cohorts == []
+
+
+def test_without_a_tree_there_are_no_cohorts(
+    store: Store, history: History, client: TestClient
+) -> None:
+    assert get(client, f"{API}/cohorts") == {"cohorts": []}
 
 
 def test_the_queue_gives_reason_position_since_when_and_eta(
@@ -485,7 +580,7 @@ def test_the_api_asks_for_an_airflow_login_and_metrics_do_not(
     store: Store, history: History
 ) -> None:
     client = mounted(store, login=True)
-    for path in ("teams", "queue", "nodes", "jobs/d"):
+    for path in ("teams", "cohorts", "queue", "nodes", "jobs/d"):
         r = client.get(f"{API}/{path}")
         assert r.status_code == 401, (path, r.text)
     r = client.post(f"{API}/jobs/d/cancel")
@@ -498,6 +593,7 @@ def test_every_route_and_shape_is_documented(client: TestClient) -> None:
     routes = {(path, method) for path, ops in spec["paths"].items() for method in ops}
     assert routes == {
         ("/api/v1/teams", "get"),
+        ("/api/v1/cohorts", "get"),
         ("/api/v1/queue", "get"),
         ("/api/v1/jobs", "get"),
         ("/api/v1/jobs/{job_id}", "get"),
@@ -509,7 +605,7 @@ def test_every_route_and_shape_is_documented(client: TestClient) -> None:
     assert ok["/api/v1/jobs/{job_id}/cancel"].keys() >= {"200", "404", "409"}
     schema = ok["/api/v1/teams"]["200"]["content"]["application/json"]["schema"]
     assert schema == {"$ref": "#/components/schemas/Teams"}
-    assert {"Teams", "Queue", "QueuedJob", "Job", "Nodes", "Gpu"} <= spec["components"][
+    assert {"Teams", "Cohorts", "Queue", "QueuedJob", "Job", "Nodes", "Gpu"} <= spec["components"][
         "schemas"
     ].keys()
 

@@ -3,7 +3,8 @@
 One Airflow API server (AirflowDeployment, as in test_plugin_api.py) loads the repository's
 plugin; its store holds a small but realistic scene on a cluster of blocks and racks: four
 teams, one borrowing above its nominal quota, a gang running on two nodes, two jobs sharing
-one GPU in halves, and jobs waiting for quota with their positions. The browser logs in as a
+one GPU in halves, and jobs waiting for quota with their positions. A second one's teams sit
+in an organization tree of two levels, for the cohort rows. The browser logs in as a
 user does, through Airflow's own login page (which sets the UI's `_token` cookie), then reads
 and acts through the pages: the pages' own fetches carry that cookie and nothing else.
 
@@ -150,13 +151,12 @@ def stage(store: Store) -> None:
     assert store.estimate_starts() == 3
 
 
-@pytest.fixture(scope="module")
-def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
-    root = tmp_path_factory.mktemp("pages")
+def deploy(root: Path, teams: dict[str, Any], staged: Callable[[Store], None]) -> Iterator[Scene]:
+    """An Airflow API server with the plugin over a store of CLUSTER and `teams`, `staged`."""
     dags = root / "dags"
     dags.mkdir()
     (root / "cluster.yaml").write_text(yaml.safe_dump(CLUSTER))
-    (root / "teams.yaml").write_text(yaml.safe_dump(TEAMS))
+    (root / "teams.yaml").write_text(yaml.safe_dump(teams))
     berth = {
         "BERTH_HOME": str(root / "berth"),
         "BERTH_CLUSTER": str(root / "cluster.yaml"),
@@ -172,7 +172,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
         },
     )
     store = BerthSettings.from_env(berth).store()
-    stage(store)
+    staged(store)
     try:
         af.migrate()
         af.start("api-server")
@@ -189,6 +189,55 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     finally:
         af.stop()
         store.close()
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
+    yield from deploy(tmp_path_factory.mktemp("pages"), TEAMS, stage)
+
+
+# An organization tree (docs/decisions/0023) of two levels: the research department lends its
+# parent at most 2 of its quota; inside it, the nlp team and the vision lab (its own 2 GPUs,
+# it borrows at most 4), which holds cv and speech (speech keeps 1 of its 2: it lends 1). Ops
+# sits at the root.
+TREE_TEAMS = {
+    "cohorts": [
+        {"name": "research", "lending_limit": {"gpus": 2}},
+        {
+            "name": "vision-lab",
+            "parent": "research",
+            "nominal": {"gpus": 2},
+            "borrowing_limit": {"gpus": 4},
+        },
+    ],
+    "teams": [
+        {"name": "cv", "nominal": {"gpus": 4}, "cohort": "vision-lab"},
+        {
+            "name": "speech",
+            "nominal": {"gpus": 2},
+            "lending_limit": {"gpus": 1},
+            "cohort": "vision-lab",
+        },
+        {"name": "nlp", "nominal": {"gpus": 4}, "cohort": "research"},
+        {"name": "ops", "nominal": {"gpus": 6}},
+    ],
+}
+
+
+def stage_tree(store: Store) -> None:
+    """Running: cv's two jobs of 4 GPUs (4 above its nominal), speech's 1 (within the part it
+    keeps), nlp's 2; ops holds nothing."""
+    jobs = [("cv-1", "cv", 4), ("cv-2", "cv", 4), ("asr", "speech", 1), ("nlp-1", "nlp", 2)]
+    for job_id, team, gpus in jobs:
+        store.submit(job_spec(job_id, team, gpus), job_id=job_id)
+        store.schedule()
+        assert store.status(job_id).state == "admitted", store.status(job_id)
+        store.mark_started(job_id, 1)
+
+
+@pytest.fixture(scope="module")
+def tree_scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
+    yield from deploy(tmp_path_factory.mktemp("tree"), TREE_TEAMS, stage_tree)
 
 
 # -- the browser --------------------------------------------------------------------------------
@@ -314,7 +363,59 @@ def test_the_queue_page_shows_quota_reason_and_position(scene: Scene, browser: W
     assert float(borrowed.value_of_css_property("width").removesuffix("px")) > 50
     speech = browser.find_element(By.CSS_SELECTOR, 'section.team-card[data-team="speech"]')
     assert "No jobs waiting." in speech.text
+    # No organization tree: the teams side by side as the file lists them, no cohort rows.
+    cards = browser.find_elements(By.CSS_SELECTOR, "#teams > section.team-card")
+    assert [c.get_attribute("data-team") for c in cards] == [t["name"] for t in TEAMS["teams"]]
+    assert browser.find_elements(By.CSS_SELECTOR, ".cohort, .cohort-row") == []
     shot(browser, "queues")
+
+
+def members(cohort: WebElement, css: str, attribute: str) -> list[str | None]:
+    found = cohort.find_elements(By.CSS_SELECTOR, f":scope > .members > {css}")
+    return [e.get_attribute(attribute) for e in found]
+
+
+def test_the_queue_page_nests_teams_under_their_cohorts(
+    tree_scene: Scene, browser: WebDriver
+) -> None:
+    log_in(browser, tree_scene, "viewer")
+    browser.get(page(tree_scene, "queues"))
+    until(
+        browser,
+        lambda: browser.find_elements(By.CSS_SELECTOR, '.cohort[data-cohort="vision-lab"]'),
+        "the vision lab's row",
+    )
+    (research,) = browser.find_elements(By.CSS_SELECTOR, "#teams > .cohort")
+    assert research.get_attribute("data-cohort") == "research"
+    assert members(research, "section.team-card", "data-team") == ["nlp"]
+    assert members(research, ".cohort", "data-cohort") == ["vision-lab"]
+    lab = research.find_element(By.CSS_SELECTOR, ":scope > .members > .cohort")
+    assert members(lab, "section.team-card", "data-team") == ["cv", "speech"]
+    assert members(lab, ".cohort", "data-cohort") == []
+    root = browser.find_elements(By.CSS_SELECTOR, "#teams > section.team-card")
+    assert [c.get_attribute("data-team") for c in root] == ["ops"]
+
+    def row(cohort: WebElement) -> tuple[str, str, str]:
+        r = cohort.find_element(By.CSS_SELECTOR, ":scope > .cohort-row")
+        used = r.find_element(By.CSS_SELECTOR, ".cohort-used").text
+        return used, r.find_element(By.CSS_SELECTOR, ".cohort-borrows").text, r.text
+
+    # The lab: cv's 8 GPUs against its quota of 7 (its own 2, cv's 4, the 1 speech lends):
+    # 1 borrowed from research. Speech's 1 GPU is within the part it keeps: held, not used.
+    used, borrows, text = row(lab)
+    assert (used, borrows) == ("8 / 7", "borrows 1 from research")
+    assert "its teams hold 9" in text
+    seg = lab.find_element(By.CSS_SELECTOR, ":scope > .cohort-row .seg.borrowed")
+    assert seg.get_attribute("title") == "1 GPUs borrowed from research"
+    assert "ceiling 11" in text
+    # Research: the lab's 8 and nlp's 2 against nlp's 4 and the lab's 7; not borrowing.
+    used, borrows, text = row(research)
+    assert (used, borrows) == ("10 / 11", "within its quota")
+    assert "its teams hold 11" in text and "no limit" in text
+    assert research.find_elements(By.CSS_SELECTOR, ":scope > .cohort-row .seg.borrowed") == []
+    cv = lab.find_element(By.CSS_SELECTOR, 'section.team-card[data-team="cv"]')
+    assert "8 GPUs held (4 borrowed)" in cv.text
+    shot(browser, "queues-tree")
 
 
 def test_the_cluster_map_colours_each_gpu_by_its_team(scene: Scene, browser: WebDriver) -> None:

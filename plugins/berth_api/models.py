@@ -111,6 +111,52 @@ class Teams(BaseModel):
     teams: list[Team]
 
 
+class Cohort(BaseModel):
+    """A cohort of the organization tree (a department, a lab; docs/decisions/0023), with
+    its quota and what its subtree uses, as the engine's ledger counts them.
+
+    `used_gpus` is compared with `quota_gpus`, not `held_gpus`: a child's guaranteed part
+    (its nominal minus its lending limit) is never lent up, so it is in neither. Each
+    amount is in GPUs; null: not limited.
+    """
+
+    name: str
+    parent: str | None = Field(description="its parent cohort; null: a top-level cohort")
+    nominal_gpus: float | None = Field(description="its own nominal, beside what it is lent")
+    quota_gpus: float | None = Field(
+        description="its own nominal plus what its child teams and cohorts lend it"
+    )
+    guaranteed_gpus: float | None = Field(
+        description="what it keeps for its subtree: quota - lending limit (0 without one)"
+    )
+    lending_limit_gpus: float | None = Field(
+        description="the most of its quota it lends to its parent's pool; null: all of it"
+    )
+    borrowing_limit_gpus: float | None = Field(
+        description="the most it may use above its quota; null: no limit"
+    )
+    ceiling_gpus: float | None = Field(description="quota + borrowing limit; null: no limit")
+    held_gpus: float = Field(description="GPUs the teams anywhere under it hold")
+    used_gpus: float = Field(
+        description="what its children use of its pool: each child's use beyond the part it "
+        "keeps (Kueue's usage of a cohort)"
+    )
+    borrowed_gpus: float = Field(
+        description="used beyond its quota: drawn from its parent's pool (the root's: the "
+        "teams and cohorts outside it) beyond what it lends there"
+    )
+    weight: float = Field(description="its fair-share weight against its siblings")
+    cohorts: list[str] = Field(description="its child cohorts, by name")
+    teams: list[str] = Field(description="the teams directly in it, by name")
+
+
+class Cohorts(BaseModel):
+    """The organization tree's cohorts, each parent before its children and siblings by name
+    (depth first); empty when the teams file declares no cohorts."""
+
+    cohorts: list[Cohort]
+
+
 class Eta(BaseModel):
     """When the job is expected to start: the engine run forward from the state at
     `computed_at` with no new arrivals (scheduling/eta.py; its error: bench/eta_error.py)."""

@@ -1,4 +1,5 @@
-"""`/berth/api/v1`: the queue, the teams' quotas, one job, the GPU map; cancelling a job.
+"""`/berth/api/v1`: the queue, the teams' quotas and their organization tree, one job, the
+GPU map; cancelling a job.
 
 Every answer is read from the store when asked (the same rows `berth jobs` reads), so any
 number of API server workers answer alike. Handlers are plain functions: FastAPI runs them in
@@ -15,9 +16,20 @@ from berth.store.aggregates import holdings, queued_since
 from berth.store.schema import CANCELLED, QUEUED
 from plugins.berth_api.access import CANCEL, READ
 from plugins.berth_api.gpu_map import gpu_map
-from plugins.berth_api.models import Job, JobRef, JobRefs, Nodes, Queue, QueuedJob, Team, Teams
+from plugins.berth_api.models import (
+    Cohorts,
+    Job,
+    JobRef,
+    JobRefs,
+    Nodes,
+    Queue,
+    QueuedJob,
+    Team,
+    Teams,
+)
 from plugins.berth_api.source import StoreDep
 from plugins.berth_api.tasks import belongs_to
+from plugins.berth_api.tree import cohort_tree
 
 router = APIRouter(prefix="/api/v1", dependencies=READ, tags=["Berth"])
 
@@ -28,6 +40,14 @@ NO_JOB = {404: {"description": "no job has this id"}}
 def teams(store: StoreDep) -> Teams:
     """Each configured team's GPUs against its nominal quota and ceiling, and its jobs."""
     return Teams(teams=[Team.of(u) for u in store.usage().values()])
+
+
+@router.get("/cohorts")
+def cohorts(store: StoreDep) -> Cohorts:
+    """The organization tree (docs/decisions/0023): each cohort's quota, what its subtree uses
+    and borrows from its parent, its limits, its child cohorts and teams; parents first.
+    Empty when the teams file declares no cohorts."""
+    return Cohorts(cohorts=cohort_tree(store.teams, store.usage()))
 
 
 @router.get("/queue", responses={404: {"description": "no team has this name"}})
