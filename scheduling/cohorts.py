@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from scheduling.resources import UNLIMITED, ZERO, Resources
@@ -76,12 +77,12 @@ def reachable(team: Team, teams: Mapping[str, Team]) -> Resources:
     return _least(team.ceiling, team.guaranteed + room)
 
 
-def tree_excess(
+def cohort_usage(
     teams: Mapping[str, Team], usage: Mapping[str, Resources]
-) -> tuple[str, str] | None:
-    """The first cohort (or "" for the root) whose limits `usage` (team -> usage) breaks,
-    with the resource; None when every level holds. The teams' own ceilings are not tested.
-    For the audit and tests: the ledger keeps the same sums as usage changes."""
+) -> tuple[dict[str, Resources], Resources]:
+    """What each cohort's children draw on it (Kueue's usage of a cohort), and what the root's
+    pool lends in all, for `usage` (team -> usage). For the audit and tests: the ledger keeps
+    the same sums as usage changes (`QuotaLedger.cohort_used`)."""
     stored: dict[str, Resources] = {}  # cohort -> what its children draw on its pool
     root = ZERO
     for name, t in teams.items():
@@ -92,23 +93,79 @@ def tree_excess(
         else:
             root = root + draw
     # Cohorts deepest first, so each adds its draw to its parent's before the parent's turn.
-    order = sorted(_cohorts(teams).values(), key=lambda c: -_depth(c, teams))
-    for c in order:
-        used = stored.get(c.name, ZERO)
-        over = used.first_excess(c.ceiling)
-        if over:
-            return c.name, over
-        draw = (used - c.guaranteed).clamp_low()
+    for c in _deepest_first(teams):
+        draw = (stored.get(c.name, ZERO) - c.guaranteed).clamp_low()
         if c.parent is None:
             root = root + draw
         else:
             stored[c.parent] = stored.get(c.parent, ZERO) + draw
+    return stored, root
+
+
+def tree_excess(
+    teams: Mapping[str, Team], usage: Mapping[str, Resources]
+) -> tuple[str, str] | None:
+    """The first cohort, deepest first (or "" for the root), whose limits `usage` (team ->
+    usage) breaks, with the resource; None when every level holds. The teams' own ceilings are
+    not tested. For the audit and tests, as `cohort_usage`."""
+    stored, root = cohort_usage(teams, usage)
+    for c in _deepest_first(teams):
+        over = stored.get(c.name, ZERO).first_excess(c.ceiling)
+        if over:
+            return c.name, over
     over = root.first_excess(cohort_pool(teams))
     return ("", over) if over else None
 
 
+@lru_cache(maxsize=4096)
+def below_common(team: Team, other: Team) -> tuple[Cohort, ...]:
+    """The team's cohorts below the closest one it shares with `other` (closest first; all of
+    them when they share none): the levels whose borrowing a reclaim by `other` may take back
+    (Kueue's hierarchical reclaim walks a candidate's path up to the lowest common ancestor)."""
+    shared = {c.name for c in other.cohorts}
+    out = []
+    for c in team.cohorts:
+        if c.name in shared:
+            break
+        out.append(c)
+    return tuple(out)
+
+
+def reclaim_path_holds(
+    path: tuple[Cohort, ...],
+    used: Mapping[str, int],
+    draw_before: int,
+    draw_after: int,
+    keep_nominal: bool,
+) -> list[tuple[str, int]] | None:
+    """Does a reclaim victim's subtree let it go? `path`: its team's cohorts below the one it
+    shares with the preemptor's (`below_common`); `used`: each cohort's usage in GPUs (what
+    its children draw on it); the team's draw on its first cohort before and after the
+    victim goes. Each cohort on the path must be borrowing from its parent (using more than
+    its quota), else the victim's GPUs are its own department's, not the preemptor's to take
+    back; with `keep_nominal` (Berth's rule) it must also keep its quota once the victim is
+    gone (Kueue's rule: borrowing when taken is enough). Returns what each cohort's usage
+    drops by (to count against later victims of the same plan), or None when it may not go.
+    GPUs only: the resource a GPU cluster's reclaims are for."""
+    drops = []
+    delta = draw_after - draw_before  # <= 0
+    for c in path:
+        before = used.get(c.name, 0)
+        after = before + delta
+        quota = c.quota.gpu
+        if before <= quota or (keep_nominal and after < quota):
+            return None
+        drops.append((c.name, -delta))
+        delta = parent_draw(after, c.guaranteed.gpu) - parent_draw(before, c.guaranteed.gpu)
+    return drops
+
+
 def _cohorts(teams: Mapping[str, Team]) -> dict[str, Cohort]:
     return {c.name: c for t in teams.values() for c in t.cohorts}
+
+
+def _deepest_first(teams: Mapping[str, Team]) -> list[Cohort]:
+    return sorted(_cohorts(teams).values(), key=lambda c: -_depth(c, teams))
 
 
 def _depth(c: Cohort, teams: Mapping[str, Team]) -> int:

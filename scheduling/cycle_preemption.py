@@ -18,6 +18,7 @@ from scheduling.decisions import PendingReason, Preempt, Status
 from scheduling.model_reclaim import next_victim_at, plan_model_reclaim, reclaimable_models
 from scheduling.models import gpus_by_model
 from scheduling.preemption import PreemptionPlan, plan_preemption
+from scheduling.victim_rules import lends_back
 from scheduling.victims import VictimPool
 
 if TYPE_CHECKING:
@@ -101,8 +102,11 @@ class PreemptionSteps:
         v = self.next_victim
         next_at = None if v is None else (v, v.start_time + self.policy.min_runtime_s)
         q = self.quota
+        # In an organization tree, the borrowers whose cohorts lend back to it (the others'
+        # departments hold what they use).
+        lenders = {t for t in q.borrowers if lends_back(q, t, job.team)} if q.tree else q.borrowers
         return reasons.reclaim(
-            job, problem, q.usage, q.teams, q.borrowers, self.now, allowed_at, next_at
+            job, problem, q.usage, q.teams, lenders, self.now, allowed_at, next_at
         )
 
     def _plan_preemption(self, pending: Pending) -> PreemptionPlan | None:

@@ -29,7 +29,7 @@ from scheduling.placement import TOPOLOGY
 from scheduling.quota import QuotaLedger
 from scheduling.strategies import Placer
 from scheduling.victim_index import NodeIndex
-from scheduling.victim_rules import Released, place_on, trial_without
+from scheduling.victim_rules import Released, lends_back, place_on, trial_without
 from scheduling.victims import VictimPool
 
 
@@ -47,7 +47,7 @@ def _reachable(
     lenders = []
     if reclaims:
         for team in quota.borrowers:  # the order is of no matter: victims are sorted by loss
-            if team != job.team:
+            if team != job.team and lends_back(quota, team, job.team):
                 borrowed = quota.usage[team].gpu - quota.teams[team].nominal.gpu
                 held = pool.reclaimable_gpus(team, guarded)
                 # Kept at its nominal, a team gives back at most what it borrowed; else any

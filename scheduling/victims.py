@@ -17,6 +17,7 @@ from scheduling.jobs import Running
 from scheduling.quota import QuotaLedger
 from scheduling.resources import Resources
 from scheduling.snapshot import Snapshot
+from scheduling.victim_rules import lends_back
 
 BY_LOSS = attrgetter("loss")  # Running.loss: cheapest losses first
 
@@ -323,7 +324,11 @@ class VictimPool:
         u, nominal = quota.usage[team], quota.teams[team].nominal
         room = (nominal.gpu - u.gpu, nominal.cpu - u.cpu, nominal.mem - u.mem)
         reclaims = any(g <= room[0] and c <= room[1] and m <= room[2] for g, c, m in demands)
-        lenders = [t for t in quota.borrowers if t != team] if reclaims else []
+        lenders = (
+            [t for t in quota.borrowers if t != team and lends_back(quota, t, team)]
+            if reclaims
+            else []
+        )
         if not self._upcoming_of(team) and not any(self._upcoming_of(t) for t in lenders):
             return None  # no job comes of age (none can, with no minimum run time)
         # Where no node has room for the smallest replica, a job coming of age must bring its

@@ -340,3 +340,72 @@ def test_the_simulators_summary_and_report_have_a_row_per_cohort(tmp_path) -> No
     assert "## Cohorts (the organization tree" in report and "| research | a, b |" in report
     flat = [TeamInfo(t.name, t.nominal_gpus) for t in team_infos(tm)]  # no cohorts given
     assert "cohorts" not in summarize(result.events, info, flat, policy="b", wall_s=0).as_dict()
+
+
+# Two departments of two teams, 8 GPUs of nominal each, on 32 GPUs.
+DEPARTMENTS = {
+    "cohorts": [{"name": "vision"}, {"name": "language"}],
+    "teams": [
+        {"name": "p", "cohort": "vision", "nominal": {"gpus": 8}},
+        {"name": "q", "cohort": "vision", "nominal": {"gpus": 8}},
+        {"name": "t", "cohort": "language", "nominal": {"gpus": 8}},
+        {"name": "u", "cohort": "language", "nominal": {"gpus": 8}},
+    ],
+}
+
+
+def _departments_replay(policy: str, t_jobs: int, q_jobs: int) -> tuple[list[dict], dict]:
+    tm = parse_teams(DEPARTMENTS)
+    cl = cluster(nodes=4, gpus=8)
+    trace = [TraceJob(f"q{i}", 0.0, "q", 1, 8.0, 50_000.0) for i in range(q_jobs)]
+    trace += [TraceJob(f"t{i}", 5.0, "t", 1, 8.0, 50_000.0) for i in range(t_jobs)]
+    trace.append(TraceJob("p1", 10.0, "p", 1, 8.0, 100.0))
+    jobs = {j.job_id: j for j in trace}
+    events = simulate(cl, tm, trace, POLICIES[policy]).events
+    audit_or_raise(events, cl, tm, POLICIES[policy], jobs)
+    return events, jobs
+
+
+@pytest.mark.parametrize("policy", ["berth", "kueue-tas"])
+def test_a_reclaim_takes_back_from_its_own_department_not_one_within_its_quota(
+    policy: str,
+) -> None:
+    """q borrows p's idle 8 GPUs inside vision; t borrows u's inside language, which stays
+    within its quota. p's job takes back from q, though t's jobs started later (cheaper to
+    lose): language's GPUs are its own, as Kueue's hierarchical reclaim has it (a candidate's
+    cohorts below the common one must borrow). It took t's before."""
+    events, _ = _departments_replay(policy, t_jobs=2, q_jobs=2)
+    [taken] = [e for e in events if e["type"] == "preempt"]
+    assert (taken["team"], taken["by"]) == ("q", "p1")
+
+
+@pytest.mark.parametrize("policy", ["berth", "kueue-tas"])
+def test_a_reclaim_takes_back_from_another_department_that_borrows(policy: str) -> None:
+    """q keeps within its nominal; t runs 24 GPUs, language borrowing p's idle 8 through the
+    root: p's job takes one of t's back."""
+    events, _ = _departments_replay(policy, t_jobs=3, q_jobs=1)
+    [taken] = [e for e in events if e["type"] == "preempt"]
+    assert (taken["team"], taken["by"]) == ("t", "p1")
+
+
+def test_the_audit_flags_a_reclaim_from_a_department_within_its_quota() -> None:
+    """The first replay's log with p's victim swapped for one of t's: language was within its
+    quota, so the audit names the cohort, under Berth's rule and Kueue's."""
+    events, jobs = _departments_replay("berth", t_jobs=2, q_jobs=2)
+    at = next(e["t"] for e in events if e["type"] == "preempt")
+    cut = [e for e in events if e["t"] <= at]
+    placed = {e["job"]: e["placement"] for e in cut if e["type"] == "admit"}
+    swapped = []
+    for e in cut:
+        if e["type"] == "preempt":
+            e = {**e, "job": "t0", "team": "t"}
+        elif e["type"] == "admit" and e["job"] == "p1":
+            e = {**e, "placement": placed["t0"]}
+        swapped.append(e)
+    tm, cl = parse_teams(DEPARTMENTS), cluster(nodes=4, gpus=8)
+    for policy in ("berth", "kueue-tas"):
+        # The log is cut after the reclaim: the jobs still running count as not finished.
+        assert {v.rule for v in audit(cut, cl, tm, POLICIES[policy], jobs)} == {"liveness"}
+        found = audit(swapped, cl, tm, POLICIES[policy], jobs)
+        message = "reclaimed by p1 of team p, but its cohort language was not borrowing"
+        assert [v.rule for v in found if message in v.message] == ["preemption"], found

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scheduling.cluster import GPU_GROUP
-from scheduling.cohorts import tree_excess
+from scheduling.cohorts import below_common, cohort_usage, tree_excess
 from scheduling.resources import GPU_UNIT, ZERO, Resources
 from scheduling.simulator.trace import TraceJob
 
@@ -192,7 +192,7 @@ class DeficitBound:
                 continue
             key = self.shape(job)[2]
             if key not in firsts:
-                firsts[key] = self.first_victim(job, victims, hi, draws, rec)
+                firsts[key] = self.first_victim(job, victims, lo, hi, draws, rec)
             v = firsts[key]
             if v is None:
                 continue
@@ -279,6 +279,7 @@ class DeficitBound:
         self,
         job: TraceJob,
         victims: list[Victim],
+        lo: Mapping[str, Resources],
         hi: Mapping[str, Resources],
         draws: Mapping[str, Resources],
         rec: Instant,
@@ -298,9 +299,29 @@ class DeficitBound:
             u = v.job.team
             if u == team or (best is not None and v.start >= best.start):
                 continue
+            if tree is not None and v.total and not self.subtree_lends(team, v, lo):
+                v = replace(v, total=False)  # its cohorts hold what it uses: not reclaimable
             if self.reclaims(job, d, v, drawn - draws[u], hi[u], rec, tree):
                 best = v
         return best
+
+    def subtree_lends(self, team: str, v: Victim, lo: Mapping[str, Resources]) -> bool:
+        """In an organization tree, may a reclaim by `team` take `v` whatever the instant's
+        state: each cohort of v's team below the one it shares with `team` borrows from its
+        parent at the least usages of the instant, and under Berth's rule keeps its quota
+        without v (`victim_rules.Released`; cohort usage only grows with team usage)."""
+        u = v.job.team
+        path = below_common(self.teams[u], self.teams[team])
+        if not path:
+            return True
+        before, _ = cohort_usage(self.teams, lo)
+        after, _ = cohort_usage(self.teams, {**lo, u: lo[u] - v.demand})
+        keep = self.policy.victim_keeps_nominal
+        return all(
+            before.get(c.name, ZERO).gpu > c.quota.gpu
+            and not (keep and after.get(c.name, ZERO).gpu < c.quota.gpu)
+            for c in path
+        )
 
     def reclaims(
         self,

@@ -14,8 +14,8 @@ import math
 from typing import Any
 
 from scheduling.cluster import CLUSTER, GPU_GROUP, NODE, Cluster
-from scheduling.cohorts import reachable, tree_excess
-from scheduling.resources import GPU_UNIT, Resources, gpu_request_problem
+from scheduling.cohorts import below_common, cohort_usage, reachable, tree_excess
+from scheduling.resources import GPU_UNIT, ZERO, Resources, gpu_request_problem
 from scheduling.simulator.trace import TraceJob
 
 __all__ = ["RuleChecks", "gang_gpus"]
@@ -160,6 +160,40 @@ class RuleChecks:
                     "victim was taken",
                 )
 
+    def _check_subtrees(self, job: TraceJob, others: list[TraceJob], base: dict[str, int]) -> None:
+        """Kueue's hierarchical reclaim (`victim_rules.Released`): a victim's cohorts below
+        the one its team shares with the preemptor's borrow from their parents when the plan
+        starts (its usage only falls as the plan takes victims), and under Berth's rule
+        (`victim_keeps_nominal`) keep their quotas once all of the plan's victims are gone."""
+        teams = self.teams
+        if job.team not in teams:
+            return
+        before, _ = cohort_usage(teams, _gpus(base))
+        after_base = dict(base)
+        for v in others:
+            after_base[v.team] = after_base.get(v.team, 0) - gang_gpus(v)
+        after, _ = cohort_usage(teams, _gpus(after_base))
+        keep = self.policy.victim_keeps_nominal
+        for v in others:
+            if v.team not in teams or gang_gpus(v) <= 0:
+                continue
+            for c in below_common(teams[v.team], teams[job.team]):
+                quota = c.quota.gpu
+                used, left = before.get(c.name, ZERO).gpu, after.get(c.name, ZERO).gpu
+                if used <= quota:
+                    why = f"was not borrowing: it used {used / GPU_UNIT:g}"
+                elif keep and left < quota:
+                    why = f"was left with {left / GPU_UNIT:g}"
+                else:
+                    continue
+                self.flag(
+                    v.job_id,
+                    "preemption",
+                    f"reclaimed by {job.job_id} of team {job.team}, but its cohort {c.name} "
+                    f"{why} GPUs of its quota of {quota / GPU_UNIT:g}",
+                )
+                break
+
     def close_cycle(self) -> None:
         """Replay the cycle in decision order, each preemptor's victims just before it: a
         victim of another team must not leave its team below nominal GPUs. (The log lists a
@@ -191,6 +225,8 @@ class RuleChecks:
             )
             if not self.policy.victim_keeps_nominal and not by_model:
                 self._check_borrowing(job.team, mine, base)
+            if others and not by_model and any(t.cohorts for t in self.teams.values()):
+                self._check_subtrees(job, others, base)
             for v in mine:
                 base[v.team] = base.get(v.team, 0) - gang_gpus(v)
                 for model, gpu in self.cycle_models.get(("preempt", v.job_id), {}).items():
@@ -314,6 +350,10 @@ def _fits_when_empty(cluster: Cluster, job: TraceJob, accepted: tuple[str, ...])
         if fits:
             return True
     return False
+
+
+def _gpus(milli: dict[str, int]) -> dict[str, Resources]:
+    return {team: Resources(gpu) for team, gpu in milli.items()}
 
 
 def gang_gpus(job: TraceJob) -> int:
