@@ -102,9 +102,10 @@ class PreemptionSteps:
         v = self.next_victim
         next_at = None if v is None else (v, v.start_time + self.policy.min_runtime_s)
         q = self.quota
-        # In an organization tree, the borrowers whose cohorts lend back to it (the others'
-        # departments hold what they use).
-        lenders = {t for t in q.borrowers if lends_back(q, t, job.team)} if q.tree else q.borrowers
+        # Under the strict hierarchical reclaim, the borrowers whose cohorts lend back to it
+        # (the others' departments hold what they use).
+        strict = q.tree and self.policy.tree_reclaim == "strict"
+        lenders = {t for t in q.borrowers if lends_back(q, t, job.team)} if strict else q.borrowers
         return reasons.reclaim(
             job, problem, q.usage, q.teams, lenders, self.now, allowed_at, next_at
         )
@@ -171,10 +172,13 @@ class PreemptionSteps:
             guarded=guarded,
             indexes=self.node_indexes if self.fast else None,
             keep_nominal=self.policy.victim_keeps_nominal,
+            tree_reclaim=self.policy.tree_reclaim,
         )
         if plan is None:
             self.no_plan.setdefault(key, []).append((job.gpu, job.cpu, job.mem, guarded))
-            self.next_victim = self._victim_pool().next_eligible(self.cap, self.quota, job.team)
+            self.next_victim = self._victim_pool().next_eligible(
+                self.cap, self.quota, job.team, self.policy.tree_reclaim == "strict"
+            )
             if self.next_victim is not None:  # more victims may be allowed then
                 self.wake(self.next_victim.start_time + self.policy.min_runtime_s)
         return plan

@@ -56,8 +56,9 @@ def plan_on_index(
     place: Placer,
     now: float | None = None,
     keep_nominal: bool = True,
+    subtrees: bool = False,
 ) -> PreemptionPlan | None:
-    """`plan_on_one_node` over the candidates of `index`."""
+    """`plan_on_one_node` over the candidates of `index` (`subtrees`: `victim_rules.Released`)."""
     lost = _lost_by(now)
     need = job.whole_gpus
     team, preemptible = job.team, job.preemptible
@@ -102,7 +103,7 @@ def plan_on_index(
         bound, chosen = heapq.heappop(heap)
         if chosen is None:
             node = bound[4]
-            chosen = room_on(node, by_node[node], cap, quota, job, keep_nominal)
+            chosen = room_on(node, by_node[node], cap, quota, job, keep_nominal, subtrees)
             if chosen is not None:
                 # Between options of equal priority, GPUs and count, the least work lost.
                 cost = (
@@ -149,6 +150,7 @@ def room_on(
     quota: QuotaLedger,
     job: Job,
     keep_nominal: bool = True,
+    subtrees: bool = False,
 ) -> list[Running] | None:
     """The cheapest victims on `node` (loss order) that make room there for one replica of
     `job`, each victim's team kept at its nominal (or, without `keep_nominal`, borrowing when
@@ -162,7 +164,7 @@ def room_on(
         return free >= need and cpu >= job.cpu and mem >= job.mem
 
     free, cpu, mem = base
-    released = Released(quota, job.team, keep_nominal)
+    released = Released(quota, job.team, keep_nominal, subtrees)
     chosen: list[Running] = []
     refused = False
     for v, k, reps in victims:
@@ -183,6 +185,6 @@ def room_on(
     for v, k, reps in victims:
         vj = v.job
         alone = fits(base[0] + k, base[1] + vj.cpu * reps, base[2] + vj.mem * reps)
-        if alone and Released(quota, job.team, keep_nominal).take(vj):
+        if alone and Released(quota, job.team, keep_nominal, subtrees).take(vj):
             return [v]
     return None

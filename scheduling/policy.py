@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from scheduling.ordering import DRF, DRF_SMALLEST_FIRST, ORDERINGS
 from scheduling.placement import TOPOLOGY
@@ -71,6 +72,13 @@ class Policy:
     # that team below its nominal by less than the job (Kueue's `reclaimWithinCohort`: its
     # candidate generator skips a candidate only if its ClusterQueue is within nominal).
     victim_keeps_nominal: bool = True
+    # In an organization tree, whose borrowing a reclaim takes back. "strict" (Kueue's
+    # hierarchical reclaim): only a team's whose cohorts below the one it shares with the
+    # lender's team borrow from their parents; else the GPUs it holds are its department's.
+    # "prefer" (Berth): those first, and any borrower's when no plan among them exists (a
+    # lender whose quota is free but scattered over nodes needs room somewhere: the strict
+    # rule left it waiting, 1.3x to 1.5x the nominal deficit on the departments family).
+    tree_reclaim: Literal["prefer", "strict"] = "prefer"
     # Whether a job asking for more than its team's nominal may preempt at all (its team's
     # lower priorities; it then borrows). Kueue without `borrowWithinCohort` may not: its
     # flavor assigner gives a workload the preempt mode only if its request fits the

@@ -19,6 +19,8 @@ the one that runs.
     checkpoint_aware: false    # true: victims by the work lost since their last checkpoint
     victim_keeps_nominal: true # false: Kueue's rule, a reclaim may take a borrowing team below
                                # its nominal (the berth-quick-reclaim policy)
+    tree_reclaim: prefer       # strict: Kueue's hierarchical reclaim, only borrowers whose
+                               # departments borrow too (never a department within its quota)
     preempts_beyond_nominal: true  # false: Kueue without borrowWithinCohort, a job bigger
                                # than its team's nominal never preempts
     expected_finish_models: false  # true: a job that accepts several GPU models waits for a
@@ -33,7 +35,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -66,6 +68,7 @@ class PolicyFile(BaseModel):
     reclaim_deadline_s: Seconds | None = None
     checkpoint_aware: bool | None = None
     victim_keeps_nominal: bool | None = None
+    tree_reclaim: Literal["prefer", "strict"] | None = None
     preempts_beyond_nominal: bool | None = None
     expected_finish_models: bool | None = None
 

@@ -40,14 +40,16 @@ def _reachable(
     reclaims: bool,
     guarded: bool,
     keep_nominal: bool,
+    subtrees: bool,
 ) -> tuple[int, list[str]]:
     """An upper bound on the GPUs the allowed victims hold now, and the teams it may reclaim
-    from (victims already taken in this cycle included)."""
+    from (victims already taken in this cycle included; with `subtrees`, only teams whose
+    cohorts lend back to the job's, `victim_rules.lends_back`)."""
     reachable = pool.gpus_below(job.team, job.priority)
     lenders = []
     if reclaims:
         for team in quota.borrowers:  # the order is of no matter: victims are sorted by loss
-            if team != job.team and lends_back(quota, team, job.team):
+            if team != job.team and (not subtrees or lends_back(quota, team, job.team)):
                 borrowed = quota.usage[team].gpu - quota.teams[team].nominal.gpu
                 held = pool.reclaimable_gpus(team, guarded)
                 # Kept at its nominal, a team gives back at most what it borrowed; else any
@@ -79,6 +81,7 @@ def plan_preemption(
     guarded: bool = True,
     indexes: dict[tuple, NodeIndex] | None = None,
     keep_nominal: bool = True,
+    tree_reclaim: str = "prefer",
 ) -> PreemptionPlan | None:
     """Victims and the placement they make room for, or None. Does not change cap or quota.
 
@@ -90,7 +93,10 @@ def plan_preemption(
     `indexes`: the cycle's victims-by-node indexes, kept for its later one-node searches over
     the same candidates (shortcut 6); None builds one each time. `keep_nominal`: a reclaim
     victim's team must keep its nominal without it (`Policy.victim_keeps_nominal`); False:
-    it need only be borrowing when the victim is taken.
+    it need only be borrowing when the victim is taken. `tree_reclaim` (`Policy.tree_reclaim`):
+    in an organization tree, "strict" takes only victims whose cohorts below the one they share
+    with the job's team borrow from their parents (Kueue's hierarchical reclaim); "prefer"
+    searches those first, then, with no plan among them, every borrower's.
 
     An unguarded search that fails is run again over the guarded victims alone: the searches
     are greedy, and more candidates can make one fail (without `keep_nominal`, cheap victims
@@ -99,13 +105,13 @@ def plan_preemption(
     skip a guarded search after a failed unguarded one (seed 285299202: a younger class-mate,
     still guarded, found the plan the older one's unguarded search missed)."""
 
-    def search(guarded: bool) -> PreemptionPlan | None:
-        """One search, over the victims `guarded` allows."""
+    def search(guarded: bool, subtrees: bool) -> PreemptionPlan | None:
+        """One search, over the victims `guarded` and `subtrees` allow."""
         spared = spared_above or {}
         # First an upper bound on what the allowed victims could free: most searches end here,
         # before any list is built.
         reachable, lenders = _reachable(
-            pool, quota, job, _reclaims(quota, job), guarded, keep_nominal
+            pool, quota, job, _reclaims(quota, job), guarded, keep_nominal, subtrees
         )
         if not job.shared and reachable < _need(cap, job):
             return None  # even every allowed victim would not free enough GPUs
@@ -130,20 +136,27 @@ def plan_preemption(
             if not index:
                 return None
             now = pool.now if pool.checkpoint_aware else None
-            return plan_on_index(index, cap, quota, job, place, now, keep_nominal)
+            return plan_on_index(index, cap, quota, job, place, now, keep_nominal, subtrees)
         sources = _sources(pool, job.team, below, floors, guarded, excluded)
         candidates = _candidates(sources, pool.loss_key, max_candidates)
         if not candidates:
             return None
-        return _plan_greedy(candidates, cap, quota, job, place, keep_nominal)
+        return _plan_greedy(candidates, cap, quota, job, place, keep_nominal, subtrees)
 
     # The guards only narrow what a reclaim may take: a search without lenders is the same
     # search either way, and runs once.
     reclaims = _reclaims(quota, job) and any(t != job.team for t in quota.borrowers)
-    for within_guards in (True,) if guarded or not reclaims else (False, True):
-        plan = search(within_guards)
-        if plan is not None:
-            return plan
+    if not (reclaims and quota.tree):
+        rules: tuple[bool, ...] = (False,)  # no tree: the rule has nothing to narrow
+    elif tree_reclaim == "strict":
+        rules = (True,)
+    else:  # the borrowers whose departments borrow first, then any
+        rules = (True, False)
+    for subtrees in rules:
+        for within_guards in (True,) if guarded or not reclaims else (False, True):
+            plan = search(within_guards, subtrees)
+            if plan is not None:
+                return plan
     return None
 
 
@@ -204,12 +217,12 @@ def _allowed_of(runs: Iterable[Running], excluded: set[str], floor: int) -> Iter
 
 
 def _allowed(
-    candidates: list[Running], quota: QuotaLedger, job: Job, keep_nominal: bool
+    candidates: list[Running], quota: QuotaLedger, job: Job, keep_nominal: bool, subtrees: bool
 ) -> list[Running]:
     """The candidates in order, less each one that would take its team below nominal (or,
     without `keep_nominal`, whose team is no longer borrowing) once the allowed ones before it
     are gone (the preemptor's own team aside)."""
-    released = Released(quota, job.team, keep_nominal)
+    released = Released(quota, job.team, keep_nominal, subtrees)
     return [r for r in candidates if released.take(r.job)]
 
 
@@ -223,18 +236,21 @@ def _plan_greedy(
     job: Job,
     place: Placer,
     keep_nominal: bool = True,
+    subtrees: bool = False,
 ) -> PreemptionPlan | None:
     """The prefix plan; else the cheapest single victim that alone makes room. The prefix
     takes victims in loss order, each against its team's margin above nominal: cheap ones
     that barely help may spend that margin and leave out the one that would do."""
-    allowed = _allowed(candidates, quota, job, keep_nominal)
+    allowed = _allowed(candidates, quota, job, keep_nominal, subtrees)
     plan = _plan_prefix(allowed, cap, quota, job, place)
     if plan is not None or len(allowed) == len(candidates):
         return plan  # nobody was refused: a single victim can do no more than all of them
     need = _need(cap, job)
     tries = 0
     for r in candidates:
-        if r.job.demand.gpu < need or not Released(quota, job.team, keep_nominal).take(r.job):
+        if r.job.demand.gpu < need or not Released(quota, job.team, keep_nominal, subtrees).take(
+            r.job
+        ):
             continue
         tries += 1
         if tries > _SINGLE_TRIES:

@@ -58,18 +58,25 @@ def lends_back(quota: QuotaLedger, team: str, preemptor_team: str) -> bool:
 class Released:
     """What a plan takes from each victim team so far. A victim may be taken only if its team
     stays at or above its nominal without it (`quota.below_nominal_after`), or, without
-    `keep_nominal`, if its team is still borrowing (`quota.borrows_in`); in an organization
-    tree, only if its cohorts below the one it shares with the preemptor's team borrow from
-    their parents, and with `keep_nominal` keep their quotas without it
-    (`cohorts.reclaim_path_holds`, Kueue's hierarchical reclaim). The preemptor's own team
-    aside, whose lower-priority jobs it may preempt whatever its usage."""
+    `keep_nominal`, if its team is still borrowing (`quota.borrows_in`); with `subtrees`, in
+    an organization tree, only if its cohorts below the one it shares with the preemptor's
+    team borrow from their parents, and with `keep_nominal` keep their quotas without it
+    (`cohorts.reclaim_path_holds`, Kueue's hierarchical reclaim, `Policy.tree_reclaim`). The
+    preemptor's own team aside, whose lower-priority jobs it may preempt whatever its usage."""
 
-    __slots__ = ("_keep", "_less", "_preemptor", "_quota", "_taken")
+    __slots__ = ("_keep", "_less", "_preemptor", "_quota", "_subtrees", "_taken")
 
-    def __init__(self, quota: QuotaLedger, preemptor_team: str, keep_nominal: bool = True) -> None:
+    def __init__(
+        self,
+        quota: QuotaLedger,
+        preemptor_team: str,
+        keep_nominal: bool = True,
+        subtrees: bool = False,
+    ) -> None:
         self._quota = quota
         self._preemptor = preemptor_team
         self._keep = keep_nominal
+        self._subtrees = subtrees and quota.tree
         self._taken: dict[str, tuple[int, int, int]] = {}
         self._less: dict[str, int] = {}  # cohort -> GPUs its usage lost to the plan so far
 
@@ -88,7 +95,7 @@ class Released:
                     return False
             elif not borrows_in(left, d, nominal):
                 return False
-            if quota.tree and d.gpu > 0:
+            if self._subtrees and d.gpu > 0:
                 drops = self._tree_drops(team, left[0], d.gpu)
                 if drops is None:
                     return False

@@ -306,7 +306,9 @@ class VictimPool:
             self._upcoming_by_team = by_team
         return self._upcoming_by_team.get(team, [])
 
-    def next_eligible(self, cap: Capacity, quota: QuotaLedger, team: str) -> Running | None:
+    def next_eligible(
+        self, cap: Capacity, quota: QuotaLedger, team: str, strict_tree: bool = False
+    ) -> Running | None:
         """After a failed search for one of `team`'s jobs: the first running job that
         could help *any* of its pending jobs passes its minimum run time (a cycle searches
         once per team, so the wake-up must serve them all). None if none could, as things
@@ -325,7 +327,11 @@ class VictimPool:
         room = (nominal.gpu - u.gpu, nominal.cpu - u.cpu, nominal.mem - u.mem)
         reclaims = any(g <= room[0] and c <= room[1] and m <= room[2] for g, c, m in demands)
         lenders = (
-            [t for t in quota.borrowers if t != team and lends_back(quota, t, team)]
+            [
+                t
+                for t in quota.borrowers
+                if t != team and (not strict_tree or lends_back(quota, t, team))
+            ]
             if reclaims
             else []
         )

@@ -299,17 +299,19 @@ class DeficitBound:
             u = v.job.team
             if u == team or (best is not None and v.start >= best.start):
                 continue
-            if tree is not None and v.total and not self.subtree_lends(team, v, lo):
+            strict = self.policy.tree_reclaim == "strict"
+            if strict and tree is not None and v.total and not self.subtree_lends(team, v, lo):
                 v = replace(v, total=False)  # its cohorts hold what it uses: not reclaimable
             if self.reclaims(job, d, v, drawn - draws[u], hi[u], rec, tree):
                 best = v
         return best
 
     def subtree_lends(self, team: str, v: Victim, lo: Mapping[str, Resources]) -> bool:
-        """In an organization tree, may a reclaim by `team` take `v` whatever the instant's
-        state: each cohort of v's team below the one it shares with `team` borrows from its
-        parent at the least usages of the instant, and under Berth's rule keeps its quota
-        without v (`victim_rules.Released`; cohort usage only grows with team usage)."""
+        """In an organization tree under the strict hierarchical reclaim (`Policy.tree_reclaim`),
+        may a reclaim by `team` take `v` whatever the instant's state: each cohort of v's team
+        below the one it shares with `team` borrows from its parent at the least usages of the
+        instant, and under Berth's rule keeps its quota without v (`victim_rules.Released`;
+        cohort usage only grows with team usage)."""
         u = v.job.team
         path = below_common(self.teams[u], self.teams[team])
         if not path:

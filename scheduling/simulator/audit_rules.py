@@ -161,10 +161,11 @@ class RuleChecks:
                 )
 
     def _check_subtrees(self, job: TraceJob, others: list[TraceJob], base: dict[str, int]) -> None:
-        """Kueue's hierarchical reclaim (`victim_rules.Released`): a victim's cohorts below
-        the one its team shares with the preemptor's borrow from their parents when the plan
-        starts (its usage only falls as the plan takes victims), and under Berth's rule
-        (`victim_keeps_nominal`) keep their quotas once all of the plan's victims are gone."""
+        """The strict hierarchical reclaim (`Policy.tree_reclaim`, `victim_rules.Released`): a
+        victim's cohorts below the one its team shares with the preemptor's borrow from their
+        parents when the plan starts (its usage only falls as the plan takes victims), and
+        under Berth's rule (`victim_keeps_nominal`) keep their quotas once all of the plan's
+        victims are gone. ("prefer" may take any borrower when no such plan exists.)"""
         teams = self.teams
         if job.team not in teams:
             return
@@ -225,7 +226,8 @@ class RuleChecks:
             )
             if not self.policy.victim_keeps_nominal and not by_model:
                 self._check_borrowing(job.team, mine, base)
-            if others and not by_model and any(t.cohorts for t in self.teams.values()):
+            strict = self.policy.tree_reclaim == "strict"
+            if strict and others and not by_model and any(t.cohorts for t in self.teams.values()):
                 self._check_subtrees(job, others, base)
             for v in mine:
                 base[v.team] = base.get(v.team, 0) - gang_gpus(v)

@@ -292,6 +292,7 @@ KUEUE_TAS = Policy(
     max_preemption_searches_per_team=1,  # only a ClusterQueue's head may preempt in a cycle
     reclaim_searches_per_team=1,
     victim_keeps_nominal=False,  # a victim's ClusterQueue need only be borrowing
+    tree_reclaim="strict",  # and its cohorts up to the lender's (hierarchical reclaim)
     preempts_beyond_nominal=False,  # no borrowWithinCohort: a preemptor fits its nominal
     starvation_s=float("inf"),
 )
