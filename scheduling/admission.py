@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from scheduling.capacity import Capacity
-from scheduling.cluster import CLUSTER, Cluster
+from scheduling.cluster import CLUSTER, GPU_GROUP, Cluster
 from scheduling.cohorts import reachable
 from scheduling.jobs import Job
+from scheduling.mig import profile_problem
 from scheduling.models import model_gpus, node_sets, unknown_models
 from scheduling.placement import max_level, place_gang
 from scheduling.quota import Team, model_quotas
@@ -44,9 +45,10 @@ def _fits_when_empty(
     topology: str,
     models: tuple[str, ...] = (),
     mixed: bool = False,
+    mig: str = "",
 ) -> bool:
     job = Job("", "", replicas, gpu, cpu, mem, topology=topology, gpu_models=models,
-              mixed_models=mixed)  # fmt: skip
+              mixed_models=mixed, mig=mig)  # fmt: skip
     empty = _empty(cluster)
     sets = node_sets(cluster, job)
     if sets is None:
@@ -71,7 +73,7 @@ def check_job(
         return Rejection("unknown_team", "team", f"unknown team {job.team!r}; known teams: {known}")
     if job.replicas < 1:
         return Rejection("invalid", "replicas", f"replicas must be >= 1, got {job.replicas}")
-    problem = gpu_request_problem(job.gpu / GPU_UNIT)
+    problem = None if job.mig else gpu_request_problem(job.gpu / GPU_UNIT)
     if problem:
         return Rejection("invalid", "gpus_per_replica", f"gpus_per_replica {problem}")
     if job.cpu < 0 or job.mem < 0:
@@ -107,9 +109,13 @@ def check_job(
             models, rejection = _check_model_quotas(job, cluster, teams)
             if rejection:
                 return rejection
+    if job.mig:
+        rejection = _check_mig(job, cluster)
+        if rejection:
+            return rejection
     if fit and not _fits_when_empty(
         cluster, job.replicas, job.gpu, job.cpu, job.mem, job.topology, models,
-        job.mixed_models,
+        job.mixed_models, job.mig,
     ):  # fmt: skip
         where = f"any one {max_level(job)} of cluster {cluster.name}"
         fix = "ask for fewer or smaller replicas, or a wider topology"
@@ -118,12 +124,42 @@ def check_job(
             within = f"any one {level} of " if level != CLUSTER else ""
             where = f"the GPUs of any one model it accepts in {within}cluster {cluster.name}"
             fix += ", more GPU models or mixed_models"
+        size = f"{job.mig} MIG instance" if job.mig else f"{fmt_gpus(job.gpu)} GPU"
         return Rejection(
             "infeasible",
-            "replicas" if job.replicas > 1 else "gpus_per_replica",
-            f"{job.replicas} x {fmt_gpus(job.gpu)} GPU (with {job.cpu / 1000:g} CPUs, "
+            "replicas" if job.replicas > 1 else "mig_profile" if job.mig else "gpus_per_replica",
+            f"{job.replicas} x {size} (with {job.cpu / 1000:g} CPUs, "
             f"{job.mem / 1024:g} GiB each) does not fit in {where} even when it is empty; "
             f"{fix}",
+        )
+    return None
+
+
+def _check_mig(job: Job, cluster: Cluster) -> Rejection | None:
+    """A MIG job: a profile the cluster has (on a GPU model the job accepts), and a topology
+    MIG instances can keep (they share no NVLink, so no `gpu_group`)."""
+    problem = profile_problem(job.mig)
+    if problem:
+        return Rejection("invalid", "mig_profile", problem)
+    have = {
+        p for n in cluster.nodes if not job.gpu_models or n.gpu_model in job.gpu_models
+        for _, p in n.mig
+    }  # fmt: skip
+    if job.mig not in have:
+        listed = ", ".join(sorted(have)) or "none"
+        return Rejection(
+            "invalid",
+            "mig_profile",
+            f"no node of cluster {cluster.name} has MIG instances of {job.mig}"
+            + (" on the GPU models the job accepts" if job.gpu_models else "")
+            + f"; it has: {listed} (or ask for whole or fractional GPUs)",
+        )
+    if job.topology == GPU_GROUP:
+        return Rejection(
+            "invalid",
+            "topology",
+            "MIG instances share no NVLink, so a gang of them cannot keep to a gpu_group; "
+            "use node, a wider level or any",
         )
     return None
 

@@ -32,6 +32,7 @@ class Capacity:
         "group_buckets",
         "hidden",
         "load",
+        "mig_free",
         "node_buckets",
         "shares",
     )
@@ -42,6 +43,9 @@ class Capacity:
         self.free_cpu = [n.cpu for n in cluster.nodes]
         self.free_mem = [n.mem for n in cluster.nodes]
         self.shares: dict[int, dict[int, int]] = {}
+        # Per node, a bitmask of its free MIG instances (`Node.mig`); empty without MIG.
+        mig = any(n.mig for n in cluster.nodes)
+        self.mig_free = [(1 << len(n.mig)) - 1 for n in cluster.nodes] if mig else []
         self.load = load or {}
         self.hidden: set[int] = set()
         self.node_buckets: list[set[int]] = [set() for _ in range(cluster.max_gpus_per_node + 1)]
@@ -64,6 +68,7 @@ class Capacity:
         new.free_cpu = self.free_cpu.copy()
         new.free_mem = self.free_mem.copy()
         new.shares = self.shares.copy()  # inner dicts are copied on write
+        new.mig_free = self.mig_free.copy()
         new.load = self.load
         new.hidden = self.hidden.copy()
         copy = set.copy  # mapped in C: a cycle clones tens of mostly empty sets
@@ -212,14 +217,32 @@ class Capacity:
         else:
             self.shares.pop(i, None)
 
+    def take_instance(self, i: int, instance: int, cpu: int, mem: int) -> None:
+        """Allocate MIG instance `instance` (free) of node i plus CPU and memory."""
+        bit = 1 << instance
+        if not self.mig_free or not self.mig_free[i] & bit:
+            raise ValueError(f"MIG instance {instance} on node {i} is not free")
+        self.mig_free[i] &= ~bit
+        self.free_cpu[i] -= cpu
+        self.free_mem[i] -= mem
+
+    def give_instance(self, i: int, instance: int, cpu: int, mem: int) -> None:
+        self.mig_free[i] |= 1 << instance
+        self.free_cpu[i] += cpu
+        self.free_mem[i] += mem
+
     def take_replica(self, r: ReplicaPlacement, cpu: int, mem: int) -> None:
-        if r.share:
+        if r.instance >= 0:
+            self.take_instance(r.node, r.instance, cpu, mem)
+        elif r.share:
             self.take_share(r.node, r.gpus[0], r.share, cpu, mem)
         else:
             self.take(r.node, r.gpu_mask, cpu, mem)
 
     def give_replica(self, r: ReplicaPlacement, cpu: int, mem: int) -> None:
-        if r.share:
+        if r.instance >= 0:
+            self.give_instance(r.node, r.instance, cpu, mem)
+        elif r.share:
             self.give_share(r.node, r.gpus[0], r.share, cpu, mem)
         else:
             self.give(r.node, r.gpu_mask, cpu, mem)
@@ -237,6 +260,8 @@ def gang_level(cluster: Cluster, replicas: Iterable[ReplicaPlacement]) -> str:
     """The smallest topology level whose one domain holds every replica."""
     reps = list(replicas)
     nodes = {r.node for r in reps}
+    if len(nodes) == 1 and len(reps) > 1 and reps[0].instance >= 0:
+        return "node"  # MIG instances talk through the host, not NVLink, even on one GPU
     if len(nodes) == 1:
         node = cluster.nodes[next(iter(nodes))]
         mask = 0

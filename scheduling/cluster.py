@@ -37,10 +37,17 @@ class Node:
     mem: int  # MiB
     domains: tuple[str, ...]  # domain id for each level above node, outermost first
     labels: Mapping[str, str] = field(default_factory=dict)
+    # MIG instances, (GPU index, profile) each, in declared order (`scheduling/mig.py`): a GPU
+    # partitioned so is no whole GPU to the engine, only its instances are.
+    mig: tuple[tuple[int, str], ...] = ()
 
     @property
     def all_gpus(self) -> int:
-        return (1 << self.gpus) - 1
+        """The GPUs whole and fractional replicas may use: all but the MIG-partitioned."""
+        mask = (1 << self.gpus) - 1
+        for gpu, _ in self.mig:
+            mask &= ~(1 << gpu)
+        return mask
 
     def group_of(self, gpu: int) -> int:
         """Index of the group holding a GPU."""

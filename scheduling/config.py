@@ -25,6 +25,7 @@ from scheduling.cluster import (
     Node,
 )
 from scheduling.cohorts import Cohort
+from scheduling.mig import partitions
 from scheduling.quota import ModelQuota, Team
 from scheduling.resources import UNLIMITED, ZERO, Resources
 
@@ -51,6 +52,7 @@ class NodePoolSpec(_Strict):
     gpu_groups: int | list[list[int]] = 1
     cpus: NonNegative = 0
     memory_gb: NonNegative = 0
+    mig: dict[int, list[str]] = Field(default_factory=dict)  # GPU index -> its MIG profiles
     nodes_per_rack: PositiveInt | None = None
     racks_per_block: PositiveInt | None = None
 
@@ -62,6 +64,7 @@ class NodeSpec(_Strict):
     gpu_groups: int | list[list[int]] = 1
     cpus: NonNegative = 0
     memory_gb: NonNegative = 0
+    mig: dict[int, list[str]] = Field(default_factory=dict)  # GPU index -> its MIG profiles
     labels: dict[str, str] = Field(default_factory=dict)
 
 
@@ -230,6 +233,13 @@ def _check_tree(spec: TeamsSpec) -> None:
         )
 
 
+def _mig(spec: NodePoolSpec | NodeSpec, where: str) -> tuple[tuple[int, str], ...]:
+    try:
+        return partitions(spec.mig, spec.gpus, f"{where}.mig")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def _groups(spec: NodePoolSpec | NodeSpec, where: str) -> tuple[int, ...]:
     if spec.gpus == 0:
         return ()
@@ -257,6 +267,7 @@ def build_cluster(spec: ClusterSpec) -> Cluster:
     nodes: list[Node] = []
     for p_i, pool in enumerate(spec.node_pools):
         groups = _groups(pool, f"node_pools[{p_i}]")
+        mig = _mig(pool, f"node_pools[{p_i}]")
         per_rack = pool.nodes_per_rack or pool.count
         per_block = per_rack * (pool.racks_per_block or max(1, -(-pool.count // per_rack)))
         for k in range(pool.count):
@@ -266,7 +277,9 @@ def build_cluster(spec: ClusterSpec) -> Cluster:
                     doms.append(f"{pool.prefix}-block{k // per_block}")
                 else:
                     doms.append(f"{pool.prefix}-rack{k // per_rack}")
-            nodes.append(_node(len(nodes), f"{pool.prefix}-{k:03d}", pool, groups, tuple(doms)))
+            nodes.append(
+                _node(len(nodes), f"{pool.prefix}-{k:03d}", pool, groups, tuple(doms), mig=mig)
+            )
     for n_i, ns in enumerate(spec.nodes):
         groups = _groups(ns, f"nodes[{n_i}]")
         missing = [lv for lv in levels if lv not in ns.labels]
@@ -276,7 +289,8 @@ def build_cluster(spec: ClusterSpec) -> Cluster:
                 f"for each topology level {list(levels)}"
             )
         doms = tuple(f"{ns.labels[lv]}" for lv in levels)
-        nodes.append(_node(len(nodes), ns.name, ns, groups, doms, ns.labels))
+        mig = _mig(ns, f"nodes[{n_i}]")
+        nodes.append(_node(len(nodes), ns.name, ns, groups, doms, ns.labels, mig))
     names = [n.name for n in nodes]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -299,9 +313,12 @@ def _node(
     groups: tuple[int, ...],
     doms: tuple[str, ...],
     labels: dict[str, str] | None = None,
+    mig: tuple[tuple[int, str], ...] = (),
 ) -> Node:
     r = Resources.of(0, spec.cpus, spec.memory_gb)
-    return Node(index, name, spec.gpus, spec.gpu_model, groups, r.cpu, r.mem, doms, labels or {})
+    return Node(
+        index, name, spec.gpus, spec.gpu_model, groups, r.cpu, r.mem, doms, labels or {}, mig
+    )
 
 
 def _limit(q: QuotaMap | None, default: Resources) -> Resources:

@@ -328,10 +328,10 @@ class Cycle(PreemptionSteps):
         the team, so they are remembered for the whole cycle (capacity only shrinks in it)."""
         own_reservation = job.id in self.result.reservations
         opened = self._backfill(job)
-        # replicas, gpu, cpu, mem, topology, GPU models (those its team's quotas leave it);
-        # reserved nodes
+        # replicas, gpu, cpu, mem, topology, GPU models (those its team's quotas leave it), MIG
+        # profile; reserved nodes
         models = self.within_models.models(job) if self.model_quotas else None
-        key = (*job.shape[1:6], job.gpu_models, models, job.mixed_models, opened)
+        key = (*job.shape[1:6], job.gpu_models, models, job.mixed_models, job.mig, opened)
         if self.fast and not own_reservation and key in self.no_room:
             return self.no_room[key]
         placement = self._place(job, opened)

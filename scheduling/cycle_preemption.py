@@ -132,7 +132,7 @@ class PreemptionSteps:
         # failed search skipped a preemptible 5-GPU one's, which EXACT found a plan for).
         key = (
             job.team, job.priority, job.topology, job.shared, job.replicas, job.preemptible,
-            job.gpu_models, job.mixed_models,
+            job.gpu_models, job.mixed_models, job.mig,
         )  # fmt: skip
         known_to_fail = any(
             job.gpu >= g and job.cpu >= c and job.mem >= m and (guarded or not was_guarded)

@@ -37,10 +37,13 @@ class Job:
     checkpoint_s: float = math.inf
     gpu_models: tuple[str, ...] = ()
     mixed_models: bool = False
+    # A MIG profile (`scheduling/mig.py`): each replica takes one instance of it, and `gpu`
+    # is the instance's compute share. Empty: whole or fractional GPUs.
+    mig: str = ""
     demand: Resources = field(init=False, repr=False, compare=False)  # the whole gang's request
     # Jobs of one shape and team succeed or fail alike within a cycle (the class queues); the
     # time limit is part of it, as it decides which reserved nodes a job may backfill.
-    shape: tuple[int, int, int, int, int, str, bool, float, tuple[str, ...], bool] = field(
+    shape: tuple[int, int, int, int, int, str, bool, float, tuple[str, ...], bool, str] = field(
         init=False, repr=False, compare=False
     )
     # GPUs per replica when exclusive; 0 for a shared (fractional) replica.
@@ -61,10 +64,13 @@ class Job:
             self.time_limit_s,
             self.gpu_models,
             self.mixed_models,
+            self.mig,
         )
         object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "whole_gpus", self.gpu // GPU_UNIT if self.gpu >= GPU_UNIT else 0)
-        object.__setattr__(self, "shared", 0 < self.gpu < GPU_UNIT)
+        whole = self.gpu // GPU_UNIT if self.gpu >= GPU_UNIT and not self.mig else 0
+        object.__setattr__(self, "whole_gpus", whole)
+        # A MIG instance is "shared" to the searches that count whole GPUs: it frees none.
+        object.__setattr__(self, "shared", 0 < self.gpu < GPU_UNIT or bool(self.mig))
 
     @property
     def per_replica(self) -> Resources:
@@ -73,11 +79,14 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaPlacement:
-    """One replica: a node and GPU indices; `share` (milli) > 0 for a fraction of one GPU."""
+    """One replica: a node and GPU indices; `share` (milli) > 0 for a fraction of one GPU;
+    `instance` >= 0 for a MIG instance (its index in `Node.mig`; `gpus` its GPU, `share` what it
+    counts: its compute share)."""
 
     node: int
     gpus: tuple[int, ...]
     share: int = 0
+    instance: int = -1
 
     @property
     def gpu_mask(self) -> int:
@@ -124,7 +133,7 @@ class Running:
         shares = False
         for rep in self.placement.replicas:
             replicas[rep.node] = replicas.get(rep.node, 0) + 1
-            if rep.share:
+            if rep.share or rep.instance >= 0:  # frees no whole GPU
                 shares = True
             else:
                 per_node[rep.node] = per_node.get(rep.node, 0) + len(rep.gpus)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from scheduling.capacity import Capacity, gang_level
 from scheduling.cluster import CLUSTER, GPU_GROUP, NODE
 from scheduling.jobs import Job, Placement, ReplicaPlacement
+from scheduling.mig import place_mig
 from scheduling.resources import GPU_UNIT
 from scheduling.strategies import Placer
 
@@ -30,7 +31,10 @@ def max_level(job: Job) -> str:
 def place_gang(cap: Capacity, job: Job, finest: str = GPU_GROUP) -> Placement | None:
     """Berth's placement: smallest domain that holds the whole gang, best fit. None: no room.
 
-    `finest` is the first level tried; a placer blind to GPU groups starts at the node."""
+    `finest` is the first level tried; a placer blind to GPU groups starts at the node. A job
+    of MIG instances goes by the same rules, in `scheduling/mig.py`."""
+    if job.mig:
+        return place_mig(cap, job)
     cluster = cap.cluster
     limit = max(cluster.rank[max_level(job)], cluster.rank[finest])
     if job.replicas == 1:

@@ -259,11 +259,12 @@ class VictimPool:
         asks for (0: some job shares a GPU), and the distinct total demands; None if none."""
         if team in self._shapes:
             return self._shapes[team]
-        shapes = [k[:7] for k in self._snap.queues.get(team, ())]  # a class starts with shape
+        classes = list(self._snap.queues.get(team, ()))  # a class starts with the job's shape
+        shapes = [k[:7] for k in classes]
         known = self._shapes[team] = (
             (
                 max(shape[0] for shape in shapes),
-                min(shape[2] for shape in shapes) // 1000,
+                min(0 if k[10] else k[2] for k in classes) // 1000,  # a MIG instance: 0
                 {(r * g, r * c, r * m) for _, r, g, c, m, _, _ in shapes},
             )
             if shapes

@@ -44,6 +44,7 @@ import scheduling.simulator.sim as sim
 from scheduling.cluster import GPU_GROUP, NODE, Cluster, Node
 from scheduling.cohorts import reachable
 from scheduling.config import parse_cluster, parse_teams
+from scheduling.mig import share_of
 from scheduling.policy import Policy
 from scheduling.quota import Team
 from scheduling.resources import GPU_UNIT, Resources
@@ -118,7 +119,8 @@ class Scenario:
 @st.composite
 def cluster_specs(draw: st.DrawFn) -> dict[str, Any]:
     """1-6 nodes of 1-8 GPUs in 1-2 groups; maybe racks (1-3 nodes) and blocks; CPUs and
-    memory plenty or tight; one GPU model, or (one time in three) two, maybe of other speeds."""
+    memory plenty or tight; one GPU model, or (one time in three) two, maybe of other speeds;
+    one node in four of 2 GPUs or more with its last GPU partitioned into MIG instances."""
     levels = draw(st.sampled_from([[], ["rack"], ["block"], ["block", "rack"]]))
     two_models = draw(st.sampled_from([False, False, True]))
     per_rack = draw(st.integers(1, 3))
@@ -141,6 +143,8 @@ def cluster_specs(draw: st.DrawFn) -> dict[str, Any]:
         )
         if two_models:
             nodes[-1]["gpu_model"] = draw(st.sampled_from(["A100", "H100"]))
+        if gpus >= 2 and draw(ONE_IN_4):  # its last GPU partitioned into MIG instances
+            nodes[-1]["mig"] = {gpus - 1: list(draw(MIG_LAYOUTS))}
     spec: dict[str, Any] = {"topology_levels": levels, "nodes": nodes}
     if two_models:  # and speeds, for the models drawn
         present = {n.get("gpu_model") for n in nodes}
@@ -238,6 +242,11 @@ TIME_LIMITS = st.sampled_from([None, None, None, 300.0, 1200.0, 2400.0])
 CHECKPOINTS = st.sampled_from([None, None, None, 120.0, 600.0])
 # True about one time in sixteen: st.integers(0, 15) draws its bounds far more often than that.
 ONE_IN_16 = st.sampled_from([False] * 15 + [True])
+ONE_IN_4 = st.sampled_from([False] * 3 + [True])
+# How an admin partitions a GPU (scheduling/mig.py), as the GPU operator's profiles do.
+MIG_LAYOUTS = st.sampled_from(
+    [("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"), ("1g.10gb",) * 7, ("7g.80gb",), ("3g.40gb",) * 2]
+)
 # What a job says of GPU models (on a cluster of two): nothing (any, one model per gang), the
 # model of the node it was sized on, the other model or that one (the other preferred), or any
 # with mixed models allowed.
@@ -275,7 +284,15 @@ def trace_jobs(
         node = draw(nodes)
         ask = draw(MODEL_ASKS) if len(cluster.models) > 1 else "any"
         model = None if ask == "mixed" else node.gpu_model  # the gang stays on this one
-        replicas, gpus, cpus, memory = _gang(draw, cluster, node, reach, topology, model)
+        profile = draw(st.sampled_from(sorted({p for _, p in node.mig}))) if node.mig else None
+        gang = None
+        if profile is not None and draw(st.booleans()):  # one MIG instance per replica
+            topology = NODE if topology == GPU_GROUP else topology
+            gang = _mig_gang(draw, cluster, node, reach, topology, profile)
+        if gang is None:
+            profile = None
+            gang = _gang(draw, cluster, node, reach, topology, model)
+        replicas, gpus, cpus, memory = gang
         gpu_model = {
             "its": node.gpu_model,
             "other-first": f"{'A100' if node.gpu_model == 'H100' else 'H100'}|{node.gpu_model}",
@@ -296,6 +313,7 @@ def trace_jobs(
             checkpoint_s=draw(CHECKPOINTS),
             gpu_model=gpu_model,
             mixed_models=ask == "mixed",
+            mig_profile=profile,
         )
         if draw(ONE_IN_16):
             job = _infeasible(job, draw(INFEASIBLE_HOW), biggest_node)
@@ -315,28 +333,56 @@ def _gang(
     on the empty cluster, and `reach` (what its team may ever hold): a replica fits `node`
     (or a GPU group of it), and the gang the nodes of its domain (those of GPU model `model`
     when given: a gang runs on one model)."""
+    whole = node.all_gpus  # a MIG-partitioned GPU is no whole GPU
     if topology == GPU_GROUP:
-        unit, domain = node.gpus // len(node.groups), [node]
+        unit, domain = max((m & whole).bit_count() for m in node.groups), [node]
     elif topology == NODE:
-        unit, domain = node.gpus, [node]
-    elif topology == "any":
-        unit, domain = node.gpus, list(cluster.nodes)
+        unit, domain = whole.bit_count(), [node]
     else:
-        dom = cluster.domain_of[topology][node.index]
-        unit = node.gpus
-        domain = [cluster.nodes[i] for i in cluster.domains[topology][dom]]
+        unit, domain = whole.bit_count(), _domain(cluster, node, topology)
     if model is not None:
         domain = [n for n in domain if n.gpu_model == model]
     gpus = draw(_gpu_choices(unit))
     cpus = draw(_choices((0, 0, 1, 2, 8), node.cpu // 1000))
     memory = draw(_choices((0, 0, 4, 16), node.mem // 1024))
     per = Resources.of(gpus, cpus, memory)
-    slots = sum(_slots(per, unit if topology == GPU_GROUP else n.gpus, n) for n in domain)
+    slots = sum(
+        _slots(per, unit if topology == GPU_GROUP else n.all_gpus.bit_count(), n) for n in domain
+    )
     limits = zip((reach.gpu, reach.cpu, reach.mem), (per.gpu, per.cpu, per.mem), strict=True)
     most = min(4, slots, *(have // want for have, want in limits if want))
     if most < 1:
         return 1, 0.25, 0.0, 0.0  # the team can hold little: a quarter of a GPU, if that
     return draw(st.integers(1, most)), gpus, float(cpus), float(memory)
+
+
+def _domain(cluster: Cluster, node: Node, topology: str) -> list[Node]:
+    """The nodes of `node`'s domain of `topology` (a level above node, or "any")."""
+    if topology == "any":
+        return list(cluster.nodes)
+    dom = cluster.domain_of[topology][node.index]
+    return [cluster.nodes[i] for i in cluster.domains[topology][dom]]
+
+
+def _mig_gang(
+    draw: st.DrawFn, cluster: Cluster, node: Node, reach: Resources, topology: str, profile: str
+) -> tuple[int, float, float, float] | None:
+    """As `_gang`, a gang of MIG instances of `profile` (one per replica) that fits one domain
+    of `topology` on the empty cluster and its team's reach; None if none can."""
+    domain = [node] if topology == NODE else _domain(cluster, node, topology)
+    share = share_of(profile)
+    cpus = draw(_choices((0, 0, 1, 2), node.cpu // 1000))
+    memory = draw(_choices((0, 0, 4), node.mem // 1024))
+    per = Resources.of(share / GPU_UNIT, cpus, memory)
+    slots = 0
+    for n in domain:
+        count = sum(p == profile for _, p in n.mig)
+        slots += min(count, _slots(Resources(0, per.cpu, per.mem), count, n))
+    limits = zip((reach.gpu, reach.cpu, reach.mem), (per.gpu, per.cpu, per.mem), strict=True)
+    most = min(4, slots, *(have // want for have, want in limits if want))
+    if most < 1:
+        return None
+    return draw(st.integers(1, most)), share / GPU_UNIT, float(cpus), float(memory)
 
 
 @lru_cache
@@ -385,7 +431,10 @@ def _infeasible(job: TraceJob, how: int, biggest_node: int) -> TraceJob:
         {"cpus_per_replica": 10_000.0},  # more CPUs than any node
         {"topology": "rack", "replicas": 1},  # feasible only if the cluster has racks
     ]
-    return replace(job, job_id=f"x{job.job_id[1:]}", **changes[how])
+    change = changes[how]
+    if "gpus_per_replica" in change:
+        change = {**change, "mig_profile": None}  # a MIG row's GPUs are its profile's share
+    return replace(job, job_id=f"x{job.job_id[1:]}", **change)
 
 
 @st.composite

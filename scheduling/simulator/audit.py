@@ -106,9 +106,11 @@ def true_level(cluster: Cluster, reps: Iterable[Rep]) -> str:
     reps = list(reps)
     nodes = {n for n, _, _ in reps}
     if len(nodes) == 1:
+        node = cluster.nodes[next(iter(nodes))]
         mask = sum({1 << g for _, gpus, _ in reps for g in gpus})
-        groups = cluster.nodes[next(iter(nodes))].groups
-        return GPU_GROUP if any(mask & m == mask for m in groups) else NODE
+        if len(reps) > 1 and mask & ~node.all_gpus:
+            return NODE  # MIG instances talk through the host, as `capacity.gang_level` says
+        return GPU_GROUP if any(mask & m == mask for m in node.groups) else NODE
     for level in reversed(cluster.levels):  # innermost first
         if len({cluster.domain_of[level][n] for n in nodes}) == 1:
             return level
@@ -133,6 +135,9 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
         self.cpu = [0] * len(cluster.nodes)
         self.mem = [0] * len(cluster.nodes)
         self.alloc: dict[str, list[Rep]] = {}  # job -> the replicas it holds
+        # MIG: instance (node, index in Node.mig) -> the job holding it; job -> its instances.
+        self.instance_holder: dict[tuple[int, int], str] = {}
+        self.instances: dict[str, list[tuple[int, int]]] = {}
         self.state: dict[str, str] = {}  # job -> pending|running|held|rejected|finished
         # job -> (last admit t, slowdown, restart seconds it pays first, speed of its GPU model)
         self.started: dict[str, tuple[float, float, float, float]] = {}
@@ -252,6 +257,12 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
             delta = gang_gpus(job)
         for rep in reps:
             self.take(job, rep)
+        for key in self.instances.get(jid, ()):
+            if key in self.instance_holder:
+                node = self.cluster.nodes[key[0]].name
+                other = self.instance_holder[key]
+                self.flag(jid, "over_allocation", f"{node} MIG instance {key[1]} held by {other}")
+            self.instance_holder[key] = jid
         self.alloc[jid] = reps
         self.state[jid] = "held" if kind == "hold" else "running"
         if kind == "hold":
@@ -289,9 +300,12 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
                       "ask for mixed models")  # fmt: skip
 
     def parse(self, job: TraceJob, entries: list[dict[str, Any]], kind: str) -> list[Rep]:
-        """The placement's well-formed replicas; flags a gang that is not whole."""
+        """The placement's well-formed replicas (a MIG job's instances in `self.instances`);
+        flags a gang that is not whole."""
         jid, milli = job.job_id, round(job.gpus_per_replica * GPU_UNIT)
-        whole = milli // GPU_UNIT if milli >= GPU_UNIT else 0
+        mig = job.mig_profile
+        whole = milli // GPU_UNIT if milli >= GPU_UNIT and not mig else 0
+        instances = self.instances[jid] = []
         n = len(entries)
         if (n != job.replicas) if kind == "admit" else (n > job.replicas):  # a hold: some
             self.flag(jid, "gang", f"{kind} of {n} replica(s); the job has {job.replicas}")
@@ -304,6 +318,17 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
                 problem = f"no node {e.get('node')!r}"
             elif any(not 0 <= g < node.gpus for g in gpus) or len(set(gpus)) != len(gpus):
                 problem = f"GPUs {list(gpus)} are not distinct GPUs of node {node.name}"
+            elif mig:
+                k = e.get("instance")
+                held = node.mig[k] if isinstance(k, int) and 0 <= k < len(node.mig) else None
+                if held is None or (tuple(gpus), share) != ((held[0],), milli) or held[1] != mig:
+                    problem = f"instance {k} on GPUs {list(gpus)} is not a {mig} of {node.name}"
+                else:
+                    reps.append((node.index, gpus, share))
+                    instances.append((node.index, k))
+                    continue
+            elif any(not node.all_gpus >> g & 1 for g in gpus):
+                problem = f"GPUs {list(gpus)} of node {node.name} include a MIG-partitioned one"
             elif (len(gpus), share) != ((whole, 0) if whole else (1, milli)):
                 problem = f"{len(gpus)} GPU(s) at share {share}m; the job asks {milli}m"
             else:
@@ -315,7 +340,7 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
     def take(self, job: TraceJob, rep: Rep) -> None:
         (i, gpus, share), jid = rep, job.job_id
         node = self.cluster.nodes[i]
-        for g in gpus:
+        for g in () if job.mig_profile else gpus:  # MIG instances: counted in `place`
             key = (i, g)
             holders, shared = self.whole.get(key, []), self.shares.get(key, {})
             if share:
@@ -342,8 +367,11 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
         if self.state.get(jid) == "running":
             self.charge_models(job, self.alloc.get(jid, ()), -1)
         r = Resources.of(0, job.cpus_per_replica, job.memory_gb_per_replica)
+        for key in self.instances.pop(jid, ()):
+            if self.instance_holder.get(key) == jid:
+                del self.instance_holder[key]
         for i, gpus, share in self.alloc.pop(jid, []):
-            for g in gpus:
+            for g in () if job.mig_profile else gpus:
                 if not share:
                     self.whole[(i, g)].remove(jid)
                     continue

@@ -264,6 +264,7 @@ class DeficitBound:
                 free = sum(
                     1
                     for g in range(node.gpus)
+                    if node.all_gpus >> g & 1  # not MIG-partitioned
                     if not self.whole.get((i, g))
                     and (i, g) not in self.shares
                     and (i, g) not in rec.touched

@@ -273,6 +273,8 @@ class RuleChecks:
             return
         if any(m not in {n.gpu_model for n in self.cluster.nodes} for m in job.gpu_models):
             return  # a GPU model the cluster does not have
+        if job.mig_profile and job.topology == GPU_GROUP:
+            return  # MIG instances share no NVLink: no gang of them keeps to a GPU group
         demand = (
             Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
             * job.replicas
@@ -316,9 +318,14 @@ def _fits_when_empty(cluster: Cluster, job: TraceJob, accepted: tuple[str, ...])
     r = Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
     per_gpu = 1 if r.gpu >= GPU_UNIT else GPU_UNIT // r.gpu  # replicas one GPU can take
     g = max(r.gpu // GPU_UNIT, 1)
+    mig = job.mig_profile
 
-    def slots(gpus: int, node: Any) -> int:
-        s = gpus // g * (1 if r.gpu >= GPU_UNIT else per_gpu)
+    def slots(mask: int, node: Any) -> int:
+        """Replicas `node` takes on the whole GPUs of `mask` (a MIG job: on its instances)."""
+        if mig:
+            s = sum(p == mig for _, p in node.mig)
+        else:
+            s = (mask & node.all_gpus).bit_count() // g * (1 if r.gpu >= GPU_UNIT else per_gpu)
         if r.cpu:
             s = min(s, node.cpu // r.cpu)
         if r.mem:
@@ -335,18 +342,13 @@ def _fits_when_empty(cluster: Cluster, job: TraceJob, accepted: tuple[str, ...])
         model_sets = [{n.index for n in cluster.nodes if n.gpu_model == m} for m in accepted]
     for ok in model_sets:
         if level == GPU_GROUP:
-            fits = any(
-                slots(m.bit_count(), n) >= job.replicas
-                for n in cluster.nodes
-                if n.index in ok
-                for m in n.groups
-            )
+            groups = [(m, n) for n in cluster.nodes if n.index in ok for m in n.groups]
+            fits = any(slots(m, n) >= job.replicas for m, n in groups)
         elif level == NODE:
-            fits = any(slots(n.gpus, n) >= job.replicas for n in cluster.nodes if n.index in ok)
+            fits = any(slots(-1, n) >= job.replicas for n in cluster.nodes if n.index in ok)
         else:
             fits = any(
-                sum(slots(cluster.nodes[i].gpus, cluster.nodes[i]) for i in nodes if i in ok)
-                >= job.replicas
+                sum(slots(-1, cluster.nodes[i]) for i in nodes if i in ok) >= job.replicas
                 for nodes in cluster.domains[level].values()
             )
         if fits:

@@ -23,7 +23,7 @@ documented with the real configuration it models (docs/simulator.md):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 
 from scheduling import policy as engine
@@ -31,6 +31,7 @@ from scheduling.capacity import Capacity, gang_level
 from scheduling.cluster import NODE, Cluster
 from scheduling.decisions import Admit, Evict, HoldUpdate, PendingReason, Reason
 from scheduling.jobs import Job, Pending, Placement, ReplicaPlacement
+from scheduling.mig import place_mig
 from scheduling.models import node_sets
 from scheduling.ordering import priority_then_fifo
 from scheduling.placement import bits_of, lowest_bits, place_gang, shared_on_node
@@ -71,7 +72,7 @@ def place_replicas_partially(
             sets = tuple(
                 nodes
                 for nodes in sets
-                if _holds_when_empty(cl, nodes, job.replicas, job.gpu, job.cpu, job.mem)
+                if _holds_when_empty(cl, nodes, job.replicas, job.gpu, job.cpu, job.mem, job.mig)
             )
         if not sets:
             return []
@@ -93,10 +94,16 @@ def place_replicas_partially(
 
 @lru_cache(maxsize=4096)
 def _holds_when_empty(
-    cluster: Cluster, nodes: frozenset[int], replicas: int, gpu: int, cpu: int, mem: int
+    cluster: Cluster,
+    nodes: frozenset[int],
+    replicas: int,
+    gpu: int,
+    cpu: int,
+    mem: int,
+    mig: str = "",
 ) -> bool:
     """Could these nodes, empty, hold the whole gang (replica by replica, anywhere on them)?"""
-    job = Job("", "", replicas, gpu, cpu, mem)
+    job = Job("", "", replicas, gpu, cpu, mem, mig=mig)
     return place_gang(Capacity(cluster).only(nodes), job) is not None
 
 
@@ -115,6 +122,9 @@ def _per_replica(cap: Capacity, job: Job, pick: NodePick) -> Placement | None:
 
 
 def _one_replica(cap: Capacity, job: Job, pick: NodePick) -> ReplicaPlacement | None:
+    if job.mig:  # one instance, wherever one is free (placement.place_gang's MIG search)
+        one = place_mig(cap, replace(job, replicas=1, topology="any"))
+        return None if one is None else one.replicas[0]
     if job.shared:
         for i in sorted(cap.shares) + [n for b in cap.node_buckets[1:] for n in sorted(b)]:
             reps = shared_on_node(cap, i, job, 1, False) if cap.usable(i) else None

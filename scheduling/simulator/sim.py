@@ -22,6 +22,7 @@ from scheduling.admission import check_job
 from scheduling.cluster import Cluster
 from scheduling.cycle import schedule
 from scheduling.jobs import Job, Placement
+from scheduling.mig import share_of
 from scheduling.models import models_of
 from scheduling.policy import Policy
 from scheduling.quota import Team
@@ -66,7 +67,7 @@ def to_job(t: TraceJob, checkpoint_s: float | None = None) -> Job:
         id=t.job_id,
         team=t.team,
         replicas=t.replicas,
-        gpu=r.gpu,
+        gpu=share_of(t.mig_profile) if t.mig_profile else r.gpu,
         cpu=r.cpu,
         mem=r.mem,
         priority=t.priority,
@@ -77,6 +78,7 @@ def to_job(t: TraceJob, checkpoint_s: float | None = None) -> Job:
         checkpoint_s=next((s for s in (t.checkpoint_s, checkpoint_s) if s is not None), math.inf),
         gpu_models=t.gpu_models,
         mixed_models=t.mixed_models,
+        mig=t.mig_profile or "",
     )
 
 
@@ -87,6 +89,9 @@ def _placement_json(cluster: Cluster, p: Placement | tuple) -> list[dict]:
         entry: dict = {"node": cluster.nodes[r.node].name, "gpus": list(r.gpus)}
         if r.share:
             entry["share"] = r.share / 1000
+        if r.instance >= 0:  # a MIG instance: its index on the node, and its profile
+            entry["instance"] = r.instance
+            entry["mig"] = cluster.nodes[r.node].mig[r.instance][1]
         out.append(entry)
     return out
 

@@ -9,7 +9,9 @@ limit backfill reserved nodes. `checkpoint_s`: the job saves a checkpoint every 
 seconds of work, so a preemption loses only what it did since, and a checkpoint-aware policy
 knows it. `gpu_model`: the GPU models the job accepts, in order of preference, separated by
 `|`, e.g. `V100M16|V100M32` (empty: any); `mixed_models`: its replicas may run on different
-models (by default a gang runs on one). Unknown
+models (by default a gang runs on one); `mig_profile`: each replica takes one MIG instance of
+this profile (e.g. `1g.10gb`, scheduling/mig.py), and `gpus_per_replica` may be left empty: it
+is the instance's compute share (1/7 of a GPU per slice, 0.143 for `1g.10gb`). Unknown
 columns are ignored so traces can carry notes.
 
 `load_trace` checks every row and reports every problem at once (line and column), because a
@@ -30,7 +32,8 @@ from pydantic_core import SchemaValidator
 from pydantic_core import core_schema as cs
 
 from scheduling.cluster import TOPOLOGY_CHOICES
-from scheduling.resources import gpu_request_problem
+from scheduling.mig import profile_problem, share_of
+from scheduling.resources import GPU_UNIT, gpu_request_problem
 
 __all__ = [
     "OPTIONAL_COLUMNS",
@@ -59,6 +62,7 @@ OPTIONAL_COLUMNS: tuple[str, ...] = (
     "checkpoint_s",
     "gpu_model",
     "mixed_models",
+    "mig_profile",
 )
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 _MAX_LISTED = 50
@@ -83,6 +87,7 @@ class TraceJob:
     checkpoint_s: float | None = None  # None: as the simulation says (by default never)
     gpu_model: str | None = None  # accepted GPU models, '|'-separated, preferred first; None: any
     mixed_models: bool = False  # its replicas may run on different models
+    mig_profile: str | None = None  # one MIG instance of it per replica (scheduling/mig.py)
 
     @property
     def gpu_models(self) -> tuple[str, ...]:
@@ -141,6 +146,13 @@ def _to_models(value: Any) -> Any:
     return "|".join(models) or None
 
 
+def _check_profile(value: str) -> str:
+    problem = profile_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
 def _check_gpus(value: float) -> float:
     problem = gpu_request_problem(value)
     if problem:
@@ -194,6 +206,11 @@ def _row_validator() -> SchemaValidator:
         ),
         field(
             "mixed_models", cs.no_info_before_validator_function(_to_bool, cs.bool_schema()), False
+        ),
+        field(
+            "mig_profile",
+            cs.nullable_schema(cs.no_info_after_validator_function(_check_profile, text)),
+            None,
         ),
     ]
     job = cs.dataclass_schema(
@@ -256,6 +273,7 @@ def load_trace(path: Path) -> list[TraceJob]:
                 )
             )
 
+    problems += _mig_shares(dicts, lines)
     jobs: list[TraceJob] = []
     try:
         jobs = _ROWS.validate_python(dicts)
@@ -272,6 +290,35 @@ def load_trace(path: Path) -> list[TraceJob]:
         raise TraceFormatError(path, problems)
     jobs.sort(key=lambda j: j.submit_time)
     return jobs
+
+
+def _mig_shares(dicts: list[dict[str, str]], lines: list[int]) -> list[TraceProblem]:
+    """A MIG row's `gpus_per_replica` is its instance's compute share: filled in (in `dicts`)
+    where left out, checked where given. A bad profile or number is the schema's to report."""
+    problems = []
+    for line, row in zip(lines, dicts, strict=True):
+        profile = row.get("mig_profile", "").strip()
+        if not profile or profile_problem(profile):
+            continue
+        share = share_of(profile)
+        given = row.get("gpus_per_replica", "").strip()
+        if not given:
+            row["gpus_per_replica"] = str(share / GPU_UNIT)
+            continue
+        try:
+            wrong = round(float(given) * GPU_UNIT) != share
+        except ValueError:
+            continue
+        if wrong:
+            problems.append(
+                TraceProblem(
+                    line,
+                    "gpus_per_replica",
+                    f"a {profile} instance counts {share / GPU_UNIT:g} GPUs (its compute "
+                    "share); leave gpus_per_replica empty or give that",
+                )
+            )
+    return problems
 
 
 def _non_empty(columns: list[str], cells: list[str]) -> dict[str, str]:
