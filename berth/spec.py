@@ -41,6 +41,7 @@ from berth.spec_fields import (
     image_ref,
     input_uri,
     job_name,
+    mig_profile_name,
     non_blank,
     python_version,
     recoverable_exit_code,
@@ -50,8 +51,9 @@ from berth.spec_fields import (
 from scheduling.admission import check_job
 from scheduling.cluster import Cluster
 from scheduling.jobs import Job
+from scheduling.mig import profile_problem, share_of
 from scheduling.quota import Team
-from scheduling.resources import CPU_UNIT, MEM_UNIT, Resources
+from scheduling.resources import CPU_UNIT, GPU_UNIT, MEM_UNIT, Resources
 
 Positive = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
 
@@ -130,6 +132,9 @@ class JobSpec(BaseModel):
     # replica runs on one of them unless `mixed_models` (docs/decisions/0022).
     gpu_model: Annotated[tuple[str, ...], BeforeValidator(gpu_models)] = ()
     mixed_models: Annotated[bool, Field(strict=True)] = False
+    # One MIG instance of this profile per replica (e.g. '1g.10gb'; docs/decisions/0024):
+    # `gpus_per_replica` may then be left out, it is the instance's compute share.
+    mig_profile: Annotated[str, AfterValidator(mig_profile_name)] | None = None
     priority: Annotated[int, Field(strict=True, ge=-1000, le=1000)] = 0
     preemptible: Annotated[bool, Field(strict=True)] = True
     retries: Annotated[int, Field(strict=True, ge=0, le=20)] = 0
@@ -155,6 +160,18 @@ class JobSpec(BaseModel):
         Annotated[str, AfterValidator(env_key)], Annotated[str, AfterValidator(secret_ref)]
     ] = Field(default_factory=dict)
     register_model: ModelRegistration | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mig_share(cls, data: Any) -> Any:
+        """A MIG job's GPUs per replica are its instance's compute share: filled in when left
+        out (for a bad profile with 1, so that the profile's own error is the one said)."""
+        if isinstance(data, Mapping) and "gpus_per_replica" not in data:
+            profile = data.get("mig_profile")
+            if isinstance(profile, str):
+                share = share_of(profile) if profile_problem(profile) is None else GPU_UNIT
+                return {**data, "gpus_per_replica": share / GPU_UNIT}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
@@ -182,7 +199,7 @@ class JobSpec(BaseModel):
             id=job_id,
             team=self.team,
             replicas=self.replicas,
-            gpu=r.gpu,
+            gpu=share_of(self.mig_profile) if self.mig_profile else r.gpu,
             cpu=r.cpu,
             mem=r.mem,
             priority=self.priority,
@@ -193,6 +210,7 @@ class JobSpec(BaseModel):
             checkpoint_s=math.inf if self.checkpoint_every_s is None else self.checkpoint_every_s,
             gpu_models=self.gpu_model,
             mixed_models=self.mixed_models,
+            mig=self.mig_profile or "",
         )
 
 
@@ -306,6 +324,18 @@ def _conflicts(values: Mapping[str, Any], skip: set[str] | None = None) -> list[
             )
             for name in sorted(set(env) & set(secrets))
         )
+    profile, gpus = values.get("mig_profile"), values.get("gpus_per_replica")
+    judged = not skip & {"mig_profile", "gpus_per_replica"}
+    if judged and isinstance(profile, str) and not profile_problem(profile) and _number(gpus):
+        share = share_of(profile)
+        if round(gpus * GPU_UNIT) != share:
+            out.append(
+                SpecProblem(
+                    "gpus_per_replica",
+                    f"a {profile} MIG instance counts {share / GPU_UNIT:g} GPUs (its compute "
+                    f"share), got {gpus:g}; leave gpus_per_replica out or give that",
+                )
+            )
     judged = not skip & {"retry_backoff_s", "retry_backoff_max_s"}
     if judged and _number(base) and _number(most) and most < base:
         out.append(
@@ -362,6 +392,8 @@ _FIX = {
     "topology": "'node' keeps a gang on one machine, 'any' lets Berth choose",
     "gpu_model": "give a GPU model such as 'H100', or a list such as ['H100', 'A100']",
     "mixed_models": "write true (replicas may run on different GPU models) or false",
+    "mig_profile": "give a MIG profile the cluster's nodes declare, e.g. '1g.10gb', or leave it "
+    "out for whole or fractional GPUs",
     "priority": "give a whole number from -1000 to 1000; 0 is normal",
     "preemptible": "write true (Berth may stop and requeue the job) or false",
     "retries": "give how many times to retry a failed run, from 0 to 20",

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from pydantic_core import PydanticCustomError
 
 from scheduling.cluster import TOPOLOGY_CHOICES
+from scheduling.mig import profile_problem
 from scheduling.resources import gpu_request_problem
 
 # Set by the platform for every replica; a user's value would break the gang or the tracking.
@@ -159,6 +160,13 @@ def gpu_request(v: float) -> float:
     problem = gpu_request_problem(v)
     if problem and v <= 0:
         problem += "; Berth runs GPU jobs: run CPU-only work as a plain Airflow task"
+    if problem:
+        raise ValueError(problem)
+    return v
+
+
+def mig_profile_name(v: str) -> str:
+    problem = profile_problem(v)
     if problem:
         raise ValueError(problem)
     return v

@@ -19,7 +19,7 @@ from airflow.sdk import DAG
 
 from operators import FROM_PARAMS, gpu_job, job_params
 from operators.context import settings
-from operators.params import form_cohorts, form_models
+from operators.params import form_cohorts, form_mig_profiles, form_models
 
 TRAIN = str(Path(__file__).parent / "training" / "train_mlp.py")
 # The same script in docker/job-base's image (BERTH_JOB_IMAGE), where a pod runs it.
@@ -29,6 +29,10 @@ if settings().runtime_kind == "kubernetes":  # the pods run an image, not this D
 else:
     DEFAULTS = (["python", TRAIN, "--epochs", "10"], None)
 
+# A declared cluster's models and MIG profiles fill the form's pick lists; a discovered one is
+# not read at parse time (that would reach the store).
+DECLARED = settings().cluster() if settings().cluster_path else None
+
 with DAG(
     dag_id="berth_job",
     schedule=None,
@@ -37,8 +41,9 @@ with DAG(
     params=job_params(
         sorted(settings().teams()),
         *DEFAULTS,
-        models=form_models(settings().cluster() if settings().cluster_path else None),
+        models=form_models(DECLARED),
         cohorts=form_cohorts(settings().teams()),
+        mig_profiles=form_mig_profiles(DECLARED),
     ),
     doc_md=__doc__,
     # Berth's queue is the queue: a cap here (Airflow's default is 16) would hold the runs past

@@ -17,6 +17,7 @@ from airflow.sdk import Param
 from berth.pools import CONF_DEFAULTS
 from berth.spec_fields import Topology
 from scheduling.cluster import Cluster
+from scheduling.mig import slices_of
 from scheduling.quota import Team
 
 # A spec given as this string is read from the DAG run's params when the task runs.
@@ -34,13 +35,15 @@ def job_params(
     default_image: str | None = None,
     models: list[str] | None = None,
     cohorts: Mapping[str, str] | None = None,
+    mig_profiles: list[str] | None = None,
 ) -> dict[str, Param]:
     """Params for every JobSpec field a UI user needs; `teams` is the team enum;
     `default_image` fills the image field (on Kubernetes: BERTH_JOB_IMAGE, which holds the
     default command's script); `models`, the cluster's GPU models, fastest first, where known:
     the GPU model box is then a pick list of them (several: a multi-select, in the order
     picked), else free text. `cohorts`: where a team sits in the organization tree (team ->
-    'lab < department'), shown beside it in the team box.
+    'lab < department'), shown beside it in the team box. `mig_profiles`: the cluster's MIG
+    profiles, where known (a pick list; else free text).
 
     The team has no default: a user picks one, or would be charged to the first team without
     noticing (a REST call without it is refused, naming the field). Optional fields accept
@@ -157,6 +160,7 @@ def job_params(
             description="Replicas may run on different GPU models (the gang then steps at the "
             "pace of the slowest).",
         ),
+        "mig_profile": _mig_profile(mig_profiles),
         "preemptible": Param(
             True,
             type="boolean",
@@ -260,8 +264,12 @@ def job_params(
 
 
 def spec_from_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """A spec mapping from a run's params; unknown keys go through, so parse_spec names them."""
+    """A spec mapping from a run's params; unknown keys go through, so parse_spec names them.
+    With a MIG profile the form's GPUs per replica (always sent) is left out: the instance's
+    compute share counts."""
     spec = {k: v for k, v in params.items() if v is not None}
+    if spec.get("mig_profile"):
+        spec.pop("gpus_per_replica", None)
     reqs = spec.pop("requirements", None) or []
     python = spec.pop("python", None)
     if not spec.get("image"):
@@ -300,6 +308,35 @@ def _gpu_models(models: list[str] | None) -> Param:
         description=f"The GPU models the job accepts, one per line, preferred first{known}; "
         f"empty: any. {text}",
     )
+
+
+def _mig_profile(profiles: list[str] | None) -> Param:
+    text = "One MIG instance per replica instead of GPUs (GPUs per replica is then ignored)"
+    if profiles:
+        return Param(
+            None,
+            type=["null", "string"],
+            enum=[None, *profiles],
+            title="MIG profile",
+            section=RESOURCES,
+            description=f"{text}; this cluster has: {', '.join(profiles)}.",
+        )
+    return Param(
+        None,
+        type=["null", "string"],
+        title="MIG profile",
+        section=RESOURCES,
+        description=f"{text}, e.g. 1g.10gb; empty: whole or fractional GPUs.",
+    )
+
+
+def form_mig_profiles(cluster: Cluster | None) -> list[str] | None:
+    """A cluster's MIG profiles for the form, smallest first; None where it has none or the
+    cluster is not at hand."""
+    if cluster is None:
+        return None
+    found = {p for n in cluster.nodes for _, p in n.mig}
+    return sorted(found, key=lambda p: (slices_of(p), p)) or None
 
 
 def form_models(cluster: Cluster | None) -> list[str] | None:

@@ -78,6 +78,10 @@ class ReplicaHandle(_Frozen):
     node_name: str
     gpus: tuple[int, ...]
     share: int = 0  # milli-GPU of gpus[0] when the replica has a share of one GPU
+    # A MIG instance of gpus[0] (docs/decisions/0024): its profile and its index in the node's
+    # instances (`Node.mig`); `share` is then 0 (it shares no GPU's time with anyone).
+    mig: str = ""
+    instance: int = -1
 
 
 class Launch(_Frozen):
@@ -138,7 +142,9 @@ def replica_handles(
             node=rp.node,
             node_name=cluster.nodes[rp.node].name,
             gpus=rp.gpus,
-            share=rp.share,
+            share=0 if rp.instance >= 0 else rp.share,
+            mig=cluster.nodes[rp.node].mig[rp.instance][1] if rp.instance >= 0 else "",
+            instance=rp.instance,
             **{name: f(rank) for name, f in per_rank.items()},
         )
         for rank, rp in enumerate(placement.replicas)

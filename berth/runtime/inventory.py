@@ -97,15 +97,43 @@ def parse_topology(text: str, count: int) -> list[list[int]] | None:
     return groups
 
 
+_GPU_LINE = re.compile(r"^GPU (\d+): ")
+_MIG_LINE = re.compile(r"^\s+MIG (\S+)\s+Device\s+\d+: \(UUID: (MIG-[^)\s]+)\)")
+
+MigListing = dict[int, list[tuple[str, str]]]  # GPU device index -> [(profile, UUID)] in order
+
+
+def parse_mig_list(text: str) -> MigListing:
+    """The MIG devices under each GPU of `nvidia-smi -L` (GPUs without MIG: an empty list)."""
+    out: MigListing = {}
+    gpu = None
+    for line in text.splitlines():
+        m = _GPU_LINE.match(line)
+        if m:
+            gpu = int(m.group(1))
+            out[gpu] = []
+            continue
+        m = _MIG_LINE.match(line)
+        if m and gpu is not None:
+            out[gpu].append((m.group(1), m.group(2)))
+    return out
+
+
+def detect_mig(nvidia_smi: str = "nvidia-smi") -> MigListing | None:
+    """`nvidia-smi -L` read; None when nvidia-smi is absent or fails."""
+    out = run_tool(nvidia_smi, ["-L"])
+    return None if out is None else parse_mig_list(out)
+
+
 def detect_gpus(nvidia_smi: str = "nvidia-smi") -> list[GpuInfo] | None:
     """This machine's GPUs; None when nvidia-smi is absent or fails (no driver, no GPU)."""
-    out = _run(nvidia_smi, QUERY)
+    out = run_tool(nvidia_smi, QUERY)
     return None if out is None else parse_gpu_query(out)
 
 
 def detect_gpu_groups(count: int, nvidia_smi: str = "nvidia-smi") -> list[list[int]]:
     """Fast-link groups of GPUs 0..count-1; one group per GPU when the matrix is unavailable."""
-    out = _run(nvidia_smi, ["topo", "-m"])
+    out = run_tool(nvidia_smi, ["topo", "-m"])
     groups = None if out is None else parse_topology(out, count)
     return groups if groups is not None else [[i] for i in range(count)]
 
@@ -137,19 +165,26 @@ def local_cluster(declared: Path | None, nvidia_smi: str = "nvidia-smi") -> Clus
             "`nodes: [{name: laptop-0, gpus: 4, cpus: 8, memory_gb: 16}]`"
         )
     host = socket.gethostname() or "localhost"
+    groups = detect_gpu_groups(len(gpus), nvidia_smi)
     nodes = machine_nodes(
-        host, gpus, detect_gpu_groups(len(gpus), nvidia_smi), os.cpu_count() or 1, _memory_gb()
+        host, gpus, groups, os.cpu_count() or 1, _memory_gb(), detect_mig(nvidia_smi) or {}
     )
     return parse_cluster({"name": "local", "nodes": nodes}, "detected machine")
 
 
 def machine_nodes(
-    host: str, gpus: list[GpuInfo], groups: list[list[int]], cpus: float, memory_gb: float
+    host: str,
+    gpus: list[GpuInfo],
+    groups: list[list[int]],
+    cpus: float,
+    memory_gb: float,
+    mig: MigListing | None = None,
 ) -> list[dict[str, object]]:
     """This machine as the engine's nodes: one node, or one per GPU model on a machine of
     several (a node holds one model in the engine), each with its share of the CPUs and
     memory by GPUs and its GPUs' device indices in the label `DEVICES_LABEL`, which the local
-    runtime puts in CUDA_VISIBLE_DEVICES (the engine numbers a node's GPUs from 0)."""
+    runtime puts in CUDA_VISIBLE_DEVICES (the engine numbers a node's GPUs from 0); `mig`:
+    `nvidia-smi -L`'s MIG devices per GPU, the node's partitions (docs/decisions/0024)."""
     by_model: dict[str, list[int]] = {}
     for g in gpus:
         by_model.setdefault(g.name, []).append(g.index)
@@ -168,6 +203,11 @@ def machine_nodes(
         }
         if devices != list(range(len(devices))):
             node["labels"] = {DEVICES_LABEL: ",".join(map(str, devices))}
+        partitions = {
+            i: [p for p, _ in mig[d]] for i, d in enumerate(devices) if (mig or {}).get(d)
+        }
+        if partitions:  # MIG-partitioned GPUs (`nvidia-smi -L`), in their listed order
+            node["mig"] = partitions
         nodes.append(node)
     return nodes
 
@@ -176,7 +216,7 @@ def _slug(model: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-") or "gpu"
 
 
-def _run(program: str, args: list[str]) -> str | None:
+def run_tool(program: str, args: list[str]) -> str | None:
     exe = shutil.which(program)
     if exe is None:
         return None

@@ -45,9 +45,10 @@ from berth.runtime.base import (
     replica_handles,
 )
 from berth.runtime.base import Launch as _Launch
-from berth.runtime.inventory import DEVICES_LABEL
+from berth.runtime.inventory import DEVICES_LABEL, InventoryError, detect_mig
+from berth.runtime.mig_devices import mig_uuid
 from scheduling.cluster import Cluster
-from scheduling.jobs import Placement
+from scheduling.jobs import Placement, ReplicaPlacement
 
 MASTER_ADDR = "127.0.0.1"
 LOG_TAIL_LINES = 20
@@ -75,7 +76,7 @@ class LocalLaunch(_Launch):
     replicas: tuple[LocalReplica, ...]
 
 
-def device_indices(cluster: Cluster, rep: ReplicaHandle) -> str:
+def device_indices(cluster: Cluster, rep: ReplicaHandle | ReplicaPlacement) -> str:
     """The replica's GPUs as this machine numbers them: the engine's indices on its node,
     through the node's `DEVICES_LABEL` where it has one (a machine of several GPU models is a
     node per model, each numbered from 0)."""
@@ -96,11 +97,13 @@ class LocalRuntime:
         grace_s: float = 10.0,
         start_timeout_s: float = 30.0,
         inherit_env: bool = True,
+        nvidia_smi: str = "nvidia-smi",
     ) -> None:
         self.root = Path(root)
         self.grace_s = grace_s  # for the replicas stopped when a gang fails, and time limits
         self.start_timeout_s = start_timeout_s
         self.inherit_env = inherit_env  # the launcher's environment, less Airflow's own
+        self.nvidia_smi = nvidia_smi  # read for MIG instances' UUIDs (`mig_devices.py`)
 
     # ---- launch -------------------------------------------------------------------------
 
@@ -124,6 +127,20 @@ class LocalRuntime:
         not start; in the last case the replicas that did start are stopped first.
         """
         check_launch(job_id, attempt, command, placement, cluster, env, extra_env, time_limit_s)
+        # What each replica sees as its GPUs, worked out before anything starts. A MIG
+        # instance is seen by its UUID only, read from nvidia-smi once per launch that has any.
+        listing = None
+        if any(r.instance >= 0 for r in placement.replicas):
+            listing = detect_mig(self.nvidia_smi)
+        try:
+            seen = [
+                mig_uuid(cluster, r.node, r.instance, listing)
+                if r.instance >= 0
+                else device_indices(cluster, r)
+                for r in placement.replicas
+            ]
+        except InventoryError as e:
+            raise LaunchError(f"placement: {e}") from None
         attempt_dir = self.attempt_dir(job_id, attempt)
         attempt_dir.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -161,7 +178,7 @@ class LocalRuntime:
         base[CHECKPOINT_DIR] = str(checkpoints)
         try:
             for rep in replicas:
-                devices = {"CUDA_VISIBLE_DEVICES": device_indices(cluster, rep)}
+                devices = {"CUDA_VISIBLE_DEVICES": seen[rep.rank]}
                 self._spawn(launch, rep, base | replica_env(launch, rep) | devices)
         except BaseException:
             self._terminate(self._with_pids(launch), self.grace_s)  # no partial gangs

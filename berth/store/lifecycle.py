@@ -115,6 +115,7 @@ def insert(
             checkpoint_s=spec.checkpoint_every_s,
             gpu_models="|".join(job.gpu_models),
             mixed_models=job.mixed_models,
+            mig=job.mig,
             enqueued_at=now,
             seq=_take_seq(conn),
             not_before=0.0,

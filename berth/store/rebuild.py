@@ -48,6 +48,7 @@ ENGINE_COLUMNS = tuple(
         "checkpoint_s",
         "gpu_models",
         "mixed_models",
+        "mig",
         "enqueued_at",
         "seq",
         "not_before",
@@ -98,15 +99,20 @@ def job_of(row: Mapping[str, Any]) -> Job:
         checkpoint_s=math.inf if row["checkpoint_s"] is None else row["checkpoint_s"],
         gpu_models=tuple(row["gpu_models"].split("|")) if row["gpu_models"] else (),
         mixed_models=bool(row["mixed_models"]),
+        mig=row["mig"] or "",
     )
 
 
 def placement_json(cluster: Cluster, replicas: Iterable[ReplicaPlacement]) -> list[dict]:
     """Replicas with node names (indices change when cluster.yaml is reordered; names do not)."""
-    return [
-        {"node": cluster.nodes[r.node].name, "gpus": list(r.gpus), "share": r.share}
-        for r in replicas
-    ]
+    out = []
+    for r in replicas:
+        entry = {"node": cluster.nodes[r.node].name, "gpus": list(r.gpus), "share": r.share}
+        if r.instance >= 0:  # a MIG instance: its index on the node and its profile
+            entry["instance"] = r.instance
+            entry["mig"] = cluster.nodes[r.node].mig[r.instance][1]
+        out.append(entry)
+    return out
 
 
 def placement_of(
@@ -125,7 +131,8 @@ def placement_of(
                 "does not have; put the node back in cluster.yaml until the job ends, or "
                 "cancel the job"
             )
-        replicas.append(ReplicaPlacement(node.index, tuple(r["gpus"]), int(r.get("share", 0))))
+        share, instance = int(r.get("share", 0)), int(r.get("instance", -1))
+        replicas.append(ReplicaPlacement(node.index, tuple(r["gpus"]), share, instance))
     return Placement(tuple(replicas), level or "cluster")
 
 

@@ -91,6 +91,7 @@ jobs = Table(
     Column("checkpoint_s", Float),  # the spec's checkpoint_every_s; None: never
     Column("gpu_models", String(1024), nullable=False, default=""),  # '|'-joined; '': any
     Column("mixed_models", Boolean, nullable=False, default=False),
+    Column("mig", String(32), nullable=False, default=""),  # a MIG profile per replica; '': none
     # Queue order: a preempted or lost job keeps its place.
     Column("enqueued_at", Float, nullable=False),
     Column("seq", Integer, nullable=False),

@@ -46,11 +46,13 @@ class UnsupportedPolicyError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class PlacedReplica:
-    """One replica: node name, GPU indices on it, `share` in milli-GPUs (0 = exclusive)."""
+    """One replica: node name, GPU indices on it, `share` in milli-GPUs (0 = exclusive); a MIG
+    instance's index on the node (`instance`, -1: none) and `share` its compute share."""
 
     node: str
     gpus: tuple[int, ...]
     share: int = 0
+    instance: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +159,10 @@ class CycleReport:
 
 def placement_from_json(data: Any) -> tuple[PlacedReplica, ...]:
     return tuple(
-        PlacedReplica(r["node"], tuple(r["gpus"]), int(r.get("share", 0))) for r in data or ()
+        PlacedReplica(
+            r["node"], tuple(r["gpus"]), int(r.get("share", 0)), int(r.get("instance", -1))
+        )
+        for r in data or ()
     )
 
 

@@ -113,7 +113,7 @@ class AttemptClaims:
         devices: dict[int, tuple[dra.Device, ...]] = {}
         replicas: list[KubeReplica] = []
         for rep in launch.replicas:
-            found = {} if rep.share or not rep.gpus else self.devices(rep.node_name)
+            found = {} if rep.share or rep.mig or not rep.gpus else self.devices(rep.node_name)
             if found:
                 missing = [g for g in rep.gpus if g not in found]
                 if missing:

@@ -20,7 +20,9 @@ Choices, each for a reason:
   `shared_gpu_resource` when the cluster advertises one (the device plugin's time-slicing, e.g.
   `nvidia.com/gpu.shared`); otherwise for no GPU resource, with `NVIDIA_VISIBLE_DEVICES` set to
   the engine's GPU index so that the NVIDIA container runtime mounts that GPU, which the engine
-  alone accounts for (`BERTH_GPU_SHARE` tells the job its fraction).
+  alone accounts for (`BERTH_GPU_SHARE` tells the job its fraction). **A MIG instance** asks
+  for one `nvidia.com/mig-<profile>` (the device plugin's mixed strategy, which picks the
+  instance; docs/decisions/0024).
 - **CPU and memory requests equal limits**: Guaranteed QoS, so the kubelet evicts these pods
   last and its static CPU manager may give them whole cores.
 - **Rank 0 is found through a headless Service** named like the attempt: each pod has
@@ -264,8 +266,13 @@ def service_manifest(launch: KubeLaunch) -> dict[str, Any]:
     }
 
 
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # + the profile, e.g. nvidia.com/mig-1g.10gb
+
+
 def gpu_env(settings: KubeSettings, rep: ReplicaHandle) -> dict[str, str]:
     """GPU variables that differ from the local runtime's (see the module docstring)."""
+    if rep.mig:
+        return {}  # the device plugin sets NVIDIA_VISIBLE_DEVICES to the instance it gives
     if rep.share and settings.shared_gpu_resource is None:
         return {"NVIDIA_VISIBLE_DEVICES": str(rep.gpus[0]), "CUDA_VISIBLE_DEVICES": "0"}
     return {}
@@ -276,7 +283,9 @@ def resources(
 ) -> dict[str, str]:
     """Requests (= limits) of one replica's container."""
     out = {"cpu": f"{cpu_milli}m", "memory": f"{mem_mib}Mi"}
-    if rep.share:
+    if rep.mig:  # the device plugin's mixed strategy: one resource per profile
+        out[f"{MIG_RESOURCE_PREFIX}{rep.mig}"] = "1"
+    elif rep.share:
         if settings.shared_gpu_resource is not None:
             out[settings.shared_gpu_resource] = "1"
     elif rep.gpus and getattr(rep, "claim", None) is None:  # else its ResourceClaim holds them
@@ -318,7 +327,7 @@ def pod_manifest(
     with CreateContainerConfigError, which `poll` reports).
     """
     variables = dict(env) | replica_env(launch, rep) | gpu_env(settings, rep)
-    if not (rep.share and settings.shared_gpu_resource is None):
+    if rep.mig or not (rep.share and settings.shared_gpu_resource is None):
         variables.pop("CUDA_VISIBLE_DEVICES", None)  # the device plugin's numbering holds
     pod_security, container_security = _security(settings)
     limits = resources(settings, rep, cpu_milli, mem_mib)
