@@ -17,6 +17,7 @@ from scheduling.capacity import Capacity
 from scheduling.cluster import GPU_GROUP, NODE
 from scheduling.decisions import Reservation
 from scheduling.jobs import Job
+from scheduling.mig import free_of
 from scheduling.models import node_sets
 from scheduling.placement import max_level, replica_slots
 
@@ -27,12 +28,19 @@ def _drain_set(
     """The least-busy nodes of a domain that together hold the gang when empty, and how many
     GPUs on them are still in use (what must drain). None if the domain can never hold it."""
     cl = cap.cluster
-    used = {i: cl.nodes[i].gpus - cap.free_gpus(i) for i in nodes}
+    # Whole GPUs (a MIG-partitioned one is none), or for a MIG job its profile's instances:
+    # how many the node has, and how many are in use.
+    if job.mig:
+        have = {i: sum(p == job.mig for _, p in cl.nodes[i].mig) for i in nodes}
+        used = {i: have[i] - len(free_of(cap, i, job.mig)) for i in nodes}
+    else:
+        have = {i: cl.nodes[i].all_gpus.bit_count() for i in nodes}
+        used = {i: have[i] - cap.free_gpus(i) for i in nodes}
     picked: list[int] = []
     slots = busy = 0
     for i in sorted(nodes, key=lambda i: (used[i], i)):
         n = cl.nodes[i]
-        s = replica_slots(job, n.gpus, n.cpu, n.mem)  # when the node is empty
+        s = replica_slots(job, have[i], n.cpu, n.mem)  # when the node is empty
         if s == 0:
             continue
         picked.append(i)
@@ -67,8 +75,9 @@ def choose_reservation(cap: Capacity, job: Job, now: float, taken: set[int]) -> 
             )
             if not free_nodes:
                 continue
+            whole = cl.nodes[nodes[0]].all_gpus
             if level == GPU_GROUP and not any(
-                m.bit_count() >= max(job.whole_gpus, 1) * job.replicas
+                (m & whole).bit_count() >= max(job.whole_gpus, 1) * job.replicas
                 for m in cl.nodes[nodes[0]].groups
             ):
                 continue

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 from builders import World, admitted, job
+from test_properties import TOPOLOGY_AWARE, _simulate
+from test_shortcuts import _load
 
 from scheduling.admission import check_job
 from scheduling.capacity import Capacity
@@ -188,3 +190,16 @@ def test_a_trace_row_asks_for_a_profile_and_its_share_is_filled_in(tmp_path: Pat
     assert "line 2, column gpus_per_replica: a 1g.10gb instance counts 0.143 GPUs" in text
     assert "line 3, column gpus_per_replica: is required but the cell is empty" in text
     assert "line 4, column mig_profile" in text and "is not a MIG profile" in text
+
+
+ENGINE_FIXED = sorted((Path(__file__).parent / "data" / "engine_fixed").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", ENGINE_FIXED, ids=[p.stem for p in ENGINE_FIXED])
+@pytest.mark.parametrize("name", TOPOLOGY_AWARE)
+def test_scenarios_the_engine_stalled_on_end_and_pass_the_audit(path: Path, name: str) -> None:
+    """Each file's replay left jobs pending for ever under its `policy` before the fix its
+    `cause` names (the audit's liveness rule caught it)."""
+    s = _load(path)
+    result = _simulate(s, name)
+    audit_or_raise(result.events, s.cluster, s.teams, s.policy(name), s.jobs)
