@@ -10,7 +10,9 @@ import pytest
 from builders import World, admitted, job
 from test_properties import TOPOLOGY_AWARE, _simulate
 from test_shortcuts import _load
+from typer.testing import CliRunner
 
+from berth.cli import app
 from scheduling.admission import check_job
 from scheduling.capacity import Capacity
 from scheduling.config import ConfigError, parse_cluster, parse_teams
@@ -203,3 +205,18 @@ def test_scenarios_the_engine_stalled_on_end_and_pass_the_audit(path: Path, name
     s = _load(path)
     result = _simulate(s, name)
     audit_or_raise(result.events, s.cluster, s.teams, s.policy(name), s.jobs)
+
+
+def test_berth_check_says_what_the_partitions_hold(tmp_path: Path) -> None:
+    (tmp_path / "cluster.yaml").write_text(
+        "nodes:\n  - {name: m0, gpus: 4, mig: {0: [3g.40gb, 1g.10gb, 1g.10gb], 1: [7g.80gb]}}\n"
+    )
+    (tmp_path / "teams.yaml").write_text("teams: [{name: a, nominal: {gpus: 4}}]\n")
+    args = ["check", "--cluster", str(tmp_path / "cluster.yaml"), "--teams"]
+    res = CliRunner().invoke(app, [*args, str(tmp_path / "teams.yaml")])
+    assert res.exit_code == 0, res.output
+    assert "MIG: 2 partitioned GPU(s)" in res.output
+    assert "instances 2 x 1g.10gb, 1 x 3g.40gb, 1 x 7g.80gb" in res.output
+    (tmp_path / "cluster.yaml").write_text("nodes:\n  - {name: m0, gpus: 4, mig: {0: [8g.80gb]}}\n")
+    res = CliRunner().invoke(app, [*args, str(tmp_path / "teams.yaml")])
+    assert res.exit_code == 2 and "nodes[0].mig.0: '8g.80gb' is not a MIG profile" in res.output

@@ -21,6 +21,7 @@ from scheduling.admission import model_reach
 from scheduling.cluster import Cluster
 from scheduling.cohorts import reachable
 from scheduling.config import ConfigError, check_team_models, load_cluster, load_teams
+from scheduling.mig import profiles
 from scheduling.models import model_gpus
 from scheduling.policy import UnknownPolicyError
 from scheduling.policy_file import load_policy
@@ -97,6 +98,14 @@ def check(
             + ", ".join(
                 f"{m} {n} GPUs (speed {cl.gpu_speed.get(m, 1.0):g})" for m, n in per_model.items()
             )
+        )
+    instances = profiles(cl)
+    if instances:
+        parts = sum(1 for n in cl.nodes for _ in {g for g, _ in n.mig})
+        typer.echo(
+            f"MIG: {parts} partitioned GPU(s) (no whole or fractional replica there), instances "
+            + ", ".join(f"{n} x {p}" for p, n in sorted(instances.items()))
+            + " (each counts its compute share in quotas)"
         )
     for line in explain_tree(tm):
         typer.echo(line)
