@@ -452,9 +452,11 @@ class DeficitBound:
 
 
 def _one_node_reclaim(job: TraceJob) -> bool:
-    """One replica of whole GPUs that may go on any node of the cluster."""
+    """One replica of whole GPUs that may go on any node of the cluster (not a MIG instance,
+    though a 7g one counts a whole GPU: it needs its instance, not whole GPUs)."""
     g = round(job.gpus_per_replica * GPU_UNIT)
-    return job.replicas == 1 and g >= GPU_UNIT and g % GPU_UNIT == 0 and job.topology != GPU_GROUP
+    whole = g >= GPU_UNIT and g % GPU_UNIT == 0 and not job.mig_profile
+    return job.replicas == 1 and whole and job.topology != GPU_GROUP
 
 
 def _dips(release: int, lo: int, hi: int, nominal: int) -> bool:
