@@ -70,13 +70,18 @@ GPU3\tSYS\tSYS\tPIX\t X \t16-31\t1
 """
 
 
-def fake_nvidia_smi(tmp_path: Path, query: str, topo: str = "", code: int = 0) -> str:
-    """A stand-in `nvidia-smi` that prints the samples (this machine has no GPU)."""
+def fake_nvidia_smi(
+    tmp_path: Path, query: str, topo: str = "", code: int = 0, listing: str = ""
+) -> str:
+    """A stand-in `nvidia-smi` that prints the samples (this machine has no GPU): `topo -m`
+    the matrix, `-L` the `listing` (GPUs and their MIG devices), anything else the query."""
     (tmp_path / "query.txt").write_text(query)
     (tmp_path / "topo.txt").write_text(topo)
+    (tmp_path / "list.txt").write_text(listing)
     script = tmp_path / "nvidia-smi"
     script.write_text(
         "#!/bin/sh\n"
+        f'if [ "$1" = -L ]; then cat "{tmp_path}/list.txt"; exit {code}; fi\n'
         f'if [ "$1" = topo ]; then cat "{tmp_path}/topo.txt"; else cat "{tmp_path}/query.txt"; fi\n'
         f"exit {code}\n"
     )

@@ -5,7 +5,6 @@ asking for `nvidia.com/mig-<profile>` on the real API server."""
 
 from __future__ import annotations
 
-import stat
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 from airflow.sdk.definitions.param import ParamValidationError
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
+from test_inventory import fake_nvidia_smi
 from test_kube_runtime import Gang, ensure_priority_class
 from waiting import wait_for
 
@@ -46,21 +46,6 @@ DECLARED = {
     ]
 }  # fmt: skip
 BASE = {"name": "small", "team": "a", "image": "ghcr.io/o/t:1", "command": ["python", "t.py"]}
-
-
-def fake_nvidia_smi(tmp_path: Path, listing: str = LISTING) -> str:
-    """`nvidia-smi -L` prints `listing`; the query prints two A100s; `topo` fails."""
-    (tmp_path / "list.txt").write_text(listing)
-    (tmp_path / "query.txt").write_text(QUERY)
-    script = tmp_path / "nvidia-smi"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'if [ "$1" = -L ]; then cat "{tmp_path}/list.txt"; exit 0; fi\n'
-        f'if [ "$1" = topo ]; then exit 1; fi\n'
-        f'cat "{tmp_path}/query.txt"\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    return str(script)
 
 
 def test_the_spec_asks_for_a_profile_and_its_share_is_filled_in() -> None:
@@ -106,7 +91,7 @@ def test_the_store_admits_a_mig_job_and_keeps_its_instance_across_a_restart(
 def test_the_machines_partitions_are_detected_and_a_replica_sees_its_instance(
     tmp_path: Path,
 ) -> None:
-    smi = fake_nvidia_smi(tmp_path)
+    smi = fake_nvidia_smi(tmp_path, QUERY, listing=LISTING)
     assert parse_mig_list(LISTING)[0][1] == ("1g.10gb", "MIG-bbbbbbbb-2222-5222-8222-222222222222")
     (node,) = local_cluster(None, smi).nodes
     assert node.mig == ((0, "3g.40gb"), (0, "1g.10gb"), (0, "1g.10gb")) and node.all_gpus == 0b10

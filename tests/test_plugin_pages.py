@@ -31,6 +31,7 @@ import pytest
 import yaml
 from airflow_server import AirflowDeployment
 from builders import job_spec
+from test_plugin_api import TREE
 from waiting import wait_for
 
 from berth.settings import BerthSettings
@@ -196,32 +197,8 @@ def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scene]:
     yield from deploy(tmp_path_factory.mktemp("pages"), TEAMS, stage)
 
 
-# An organization tree (docs/decisions/0023) of two levels: the research department lends its
-# parent at most 2 of its quota; inside it, the nlp team and the vision lab (its own 2 GPUs,
-# it borrows at most 4), which holds cv and speech (speech keeps 1 of its 2: it lends 1). Ops
-# sits at the root.
-TREE_TEAMS = {
-    "cohorts": [
-        {"name": "research", "lending_limit": {"gpus": 2}},
-        {
-            "name": "vision-lab",
-            "parent": "research",
-            "nominal": {"gpus": 2},
-            "borrowing_limit": {"gpus": 4},
-        },
-    ],
-    "teams": [
-        {"name": "cv", "nominal": {"gpus": 4}, "cohort": "vision-lab"},
-        {
-            "name": "speech",
-            "nominal": {"gpus": 2},
-            "lending_limit": {"gpus": 1},
-            "cohort": "vision-lab",
-        },
-        {"name": "nlp", "nominal": {"gpus": 4}, "cohort": "research"},
-        {"name": "ops", "nominal": {"gpus": 6}},
-    ],
-}
+# The organization tree of the API's tests (`test_plugin_api.TREE`: research > vision-lab).
+TREE_TEAMS = TREE
 
 
 def stage_tree(store: Store) -> None:
