@@ -9,10 +9,10 @@ poll, from any process, tells the same story.
 All or nothing at run time, as Kueue's waitForPodsReady: `poll` tears the attempt down when
 not every replica is Running `start_timeout_s` after launch, and when any replica fails; the
 status says which replica failed, why, and whether to fail, retry or requeue (`status.py`).
-`poll` enforces these, so the caller polls (the completion trigger does); the kubelet enforces
-the time limit by itself (`activeDeadlineSeconds`). Replicas hold exactly the engine's GPUs through ResourceClaims where the cluster serves DRA
-(`claims.py`), and read staged inputs from the team's data volume, which `stage_inputs` fills
-with a staging pod (`staging.py`, docs/decisions/0008).
+`poll` enforces these (the completion trigger polls); the kubelet enforces the time limit by
+itself (`activeDeadlineSeconds`). Replicas hold exactly the engine's GPUs through
+ResourceClaims where the cluster serves DRA (`claims.py`), and read staged inputs from the
+team's data volume, which `stage_inputs` fills with a staging pod (`staging.py`, decision 0008).
 """
 
 from __future__ import annotations
