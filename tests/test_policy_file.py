@@ -54,6 +54,11 @@ def test_kueues_preempt_mode_is_a_knob():
     assert p.preempts_beyond_nominal is False and BERTH.preempts_beyond_nominal is True
 
 
+def test_the_hierarchical_reclaim_is_a_knob():
+    p = parse_policy({"base": "berth", "tree_reclaim": "strict"})
+    assert p.tree_reclaim == "strict" and BERTH.tree_reclaim == "prefer"
+
+
 def test_an_ordering_is_named_among_berths_own():
     p = parse_policy({"ordering": "drf-smallest-first", "easy_backfill": False})
     assert p.ordering.name == "drf-smallest-first" and p.easy_backfill is False
@@ -82,6 +87,7 @@ def test_a_baseline_can_be_the_base_in_the_simulator_only():
         ({"starvation": 10}, "starvation", "Extra inputs are not permitted"),
         ({"ordering": "kueue"}, "ordering", "choose one of: drf, drf-smallest-first"),
         ({"easy_backfill": "sometimes"}, "easy_backfill", "valid boolean"),
+        ({"tree_reclaim": "kueue"}, "tree_reclaim", "'prefer' or 'strict'"),
     ],
 )
 def test_each_mistake_names_its_field_and_the_fix(data: dict, field: str, fix: str):
