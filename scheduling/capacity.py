@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from scheduling.cluster import CLUSTER, Cluster
+from scheduling.cluster import CLUSTER, NODE, Cluster
 from scheduling.jobs import Placement, ReplicaPlacement
 from scheduling.resources import GPU_UNIT
 
@@ -261,7 +261,7 @@ def gang_level(cluster: Cluster, replicas: Iterable[ReplicaPlacement]) -> str:
     reps = list(replicas)
     nodes = {r.node for r in reps}
     if len(nodes) == 1 and len(reps) > 1 and reps[0].instance >= 0:
-        return "node"  # MIG instances talk through the host, not NVLink, even on one GPU
+        return NODE  # MIG instances talk through the host, not NVLink, even on one GPU
     if len(nodes) == 1:
         node = cluster.nodes[next(iter(nodes))]
         mask = 0

@@ -220,3 +220,34 @@ def test_berth_check_says_what_the_partitions_hold(tmp_path: Path) -> None:
     (tmp_path / "cluster.yaml").write_text("nodes:\n  - {name: m0, gpus: 4, mig: {0: [8g.80gb]}}\n")
     res = CliRunner().invoke(app, [*args, str(tmp_path / "teams.yaml")])
     assert res.exit_code == 2 and "nodes[0].mig.0: '8g.80gb' is not a MIG profile" in res.output
+
+
+def test_a_held_mig_gang_admitted_later_holds_exactly_its_new_instances() -> None:
+    """Under a policy that holds partial gangs, a's first instance is held, then the gang is
+    admitted on two; once it ends, b may take the first instance again, and c may not take
+    a's second while a runs (the audit once kept the held instance as a's for good, and
+    lost track of the admitted ones)."""
+    a = TraceJob("a", 0.0, "a", 2, 0.143, 100.0, mig_profile="1g.10gb")
+    b = TraceJob("b", 0.0, "b", 1, 0.143, 100.0, mig_profile="1g.10gb")
+    c = TraceJob("c", 0.0, "b", 1, 0.143, 100.0, mig_profile="1g.10gb")
+
+    def inst(k: int) -> dict:
+        return {"node": "m0", "gpus": [0], "share": 0.143, "instance": k, "mig": "1g.10gb"}
+
+    def ev(t: float, kind: str, j: TraceJob, **kw: object) -> dict:
+        return {"t": t, "type": kind, "job": j.job_id, "team": j.team, **kw}
+
+    log = [ev(0.0, "submit", j) for j in (a, b)]
+    log += [
+        ev(0.0, "hold", a, placement=[inst(2)]),
+        ev(10.0, "admit", a, placement=[inst(2), inst(3)], level="node", slowdown=1.1),
+        ev(120.0, "finish", a),
+        ev(130.0, "admit", b, placement=[inst(2)], level="gpu_group", slowdown=1.0),
+        ev(230.0, "finish", b),
+    ]
+    pol, jobs = POLICIES["quota-spread"], {j.job_id: j for j in (a, b, c)}
+    assert not audit(log, CLUSTER, TEAMS, pol, {"a": a, "b": b})
+    clash = [ev(20.0, "submit", c), ev(20.0, "admit", c, placement=[inst(3)], level="gpu_group",
+             slowdown=1.0), ev(120.0, "finish", c)]  # fmt: skip
+    found = audit(sorted(log + clash, key=lambda e: e["t"]), CLUSTER, TEAMS, pol, jobs)
+    assert [v.rule for v in found] == ["over_allocation"] and "instance 3 held by a" in str(found)

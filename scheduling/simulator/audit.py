@@ -248,7 +248,7 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
             self.flag(jid, "lifecycle", f"{kind} while {state} under policy {self.policy.name}")
             if state == "running":
                 return 0
-        reps = self.parse(job, ev.get("placement") or [], kind)
+        reps, instances = self.parse(job, ev.get("placement") or [], kind)
         delta = 0
         if state == "held":
             self.release(job, quota=False)  # a held gang already holds its whole quota
@@ -257,12 +257,14 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
             delta = gang_gpus(job)
         for rep in reps:
             self.take(job, rep)
-        for key in self.instances.get(jid, ()):
+        for key in instances:  # after a held gang's release: its instances are its own again
             if key in self.instance_holder:
                 node = self.cluster.nodes[key[0]].name
                 other = self.instance_holder[key]
                 self.flag(jid, "over_allocation", f"{node} MIG instance {key[1]} held by {other}")
             self.instance_holder[key] = jid
+        if instances:
+            self.instances[jid] = instances
         self.alloc[jid] = reps
         self.state[jid] = "held" if kind == "hold" else "running"
         if kind == "hold":
@@ -299,13 +301,15 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
             self.flag(job.job_id, "gpu_model", f"one gang on {', '.join(models)}; it did not "
                       "ask for mixed models")  # fmt: skip
 
-    def parse(self, job: TraceJob, entries: list[dict[str, Any]], kind: str) -> list[Rep]:
-        """The placement's well-formed replicas (a MIG job's instances in `self.instances`);
-        flags a gang that is not whole."""
+    def parse(
+        self, job: TraceJob, entries: list[dict[str, Any]], kind: str
+    ) -> tuple[list[Rep], list[tuple[int, int]]]:
+        """The placement's well-formed replicas, and a MIG job's instances (node, index in
+        `Node.mig`); flags a gang that is not whole."""
         jid, milli = job.job_id, round(job.gpus_per_replica * GPU_UNIT)
         mig = job.mig_profile
         whole = milli // GPU_UNIT if milli >= GPU_UNIT and not mig else 0
-        instances = self.instances[jid] = []
+        instances: list[tuple[int, int]] = []
         n = len(entries)
         if (n != job.replicas) if kind == "admit" else (n > job.replicas):  # a hold: some
             self.flag(jid, "gang", f"{kind} of {n} replica(s); the job has {job.replicas}")
@@ -335,7 +339,7 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
                 reps.append((node.index, gpus, share))
                 continue
             self.flag(jid, "gang", f"replica {i}: {problem}")
-        return reps
+        return reps, instances
 
     def take(self, job: TraceJob, rep: Rep) -> None:
         (i, gpus, share), jid = rep, job.job_id
