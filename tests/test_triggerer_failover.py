@@ -107,6 +107,7 @@ def test_a_triggerer_killed_mid_launch_hands_its_job_to_the_other(
             "the gang waiting for admission in a trigger",
             RUN_DEADLINE_S,
             1.0,
+            detail=lambda: _where_the_gang_is(platform, gang_run),
         )
     finally:
         release.touch()
@@ -200,6 +201,19 @@ def _waiting_in_a_trigger(platform: Platform, run_id: str) -> int | None:
     if ti["state"] != "deferred" or not jobs or jobs[0].state != "queued":
         return None
     return trigger.get("triggerer_id")
+
+
+def _where_the_gang_is(platform: Platform, run_id: str) -> str:
+    """What the wait above saw last, for its failure message: the run's task instances (state,
+    trigger), the store's jobs of the run, the live triggerers, and the components' logs."""
+    af = platform.airflow
+    tis = [
+        (ti["task_id"], ti["state"], ti.get("try_number"), ti.get("trigger"))
+        for ti in af.api.task_instances("berth_job", run_id)
+    ]
+    jobs = [(j.name, j.state, j.attempt) for j in _jobs_of(platform.store, run_id)]
+    alive = [j.get("hostname") for j in _alive_triggerers(platform)]
+    return f"task instances: {tis}\njobs: {jobs}\nlive triggerers: {alive}\n{af.log_tails()}"
 
 
 def _trigger_moved(af: Any, run_id: str, before: int) -> float | None:
