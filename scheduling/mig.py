@@ -10,8 +10,10 @@ node's instances, `Node.mig`).
 
 Quotas count an instance by its compute share: a profile's name starts with its compute
 slices, of the 7 an A100, H100, H200 or B200 has (`1g.10gb` is 1/7 of a GPU, 143 milli-GPUs;
-`7g.80gb` a whole one). A replica's `Job.gpu` is that share, so quotas, fair share, usage and
-the metrics need nothing else.
+`7g.80gb` a whole one), or of the 4 an A30 has (its profiles, `1g.6gb`, `2g.12gb` and
+`4g.24gb`, are named by nothing else: `1g.6gb` is 1/4 of an A30, 250 milli-GPUs). A `+me`
+profile (`1g.10gb+me`: the GPU's media engines with it) counts as the same slices. A replica's
+`Job.gpu` is that share, so quotas, fair share, usage and the metrics need nothing else.
 
 Placement (`place_mig`) follows `placement.place_gang`'s rules: the smallest domain that
 holds the gang (node, then each declared level up to the job's topology), best fit (the domain
@@ -29,9 +31,16 @@ from scheduling.cluster import CLUSTER, NODE, Cluster
 from scheduling.jobs import Job, Placement, ReplicaPlacement
 from scheduling.resources import GPU_UNIT
 
-SLICES = 7  # compute slices of the GPUs MIG runs on (A100, H100, H200, B200)
-PROFILE = re.compile(r"^([1-7])g\.([0-9]+)gb$")
-PROFILE_FIX = "a MIG profile is named <slices>g.<memory>gb, e.g. 1g.10gb, 3g.40gb or 7g.80gb"
+SLICES = 7  # compute slices of most GPUs MIG runs on (A100, H100, H200, B200)
+# The A30's profiles (4 slices of 6 GB): no 7-slice GPU has 6 GB per slice, so the name says
+# which GPU it is on. (NVIDIA's MIG user guide, "Supported MIG Profiles".)
+A30_SLICES = 4
+A30_PROFILES = frozenset({"1g.6gb", "2g.12gb", "4g.24gb"})
+PROFILE = re.compile(r"^([1-7])g\.([0-9]+)gb(\+me)?$")
+PROFILE_FIX = (
+    "a MIG profile is named <slices>g.<memory>gb, optionally with +me, e.g. 1g.10gb, 3g.40gb, "
+    "7g.80gb or, on an A30, 1g.6gb"
+)
 
 
 def profile_problem(profile: str) -> str | None:
@@ -49,9 +58,14 @@ def slices_of(profile: str) -> int:
     return int(m.group(1))
 
 
+def gpu_slices(profile: str) -> int:
+    """The compute slices of the GPU a profile partitions: 4 for an A30's, else 7."""
+    return A30_SLICES if profile.removesuffix("+me") in A30_PROFILES else SLICES
+
+
 def share_of(profile: str) -> int:
     """What one instance counts in quotas: its compute share, in milli-GPUs."""
-    return round(GPU_UNIT * slices_of(profile) / SLICES)
+    return round(GPU_UNIT * slices_of(profile) / gpu_slices(profile))
 
 
 def partitions(mig: Mapping[int, list[str]], gpus: int, where: str) -> tuple[tuple[int, str], ...]:
@@ -70,10 +84,18 @@ def partitions(mig: Mapping[int, list[str]], gpus: int, where: str) -> tuple[tup
             problem = profile_problem(name)
             if problem:
                 raise ValueError(f"{where}.{gpu}: {problem}")
-        used = sum(slices_of(name) for name in names)
-        if used > SLICES:
+        kinds = {gpu_slices(name) for name in names}
+        if len(kinds) > 1:
             raise ValueError(
-                f"{where}.{gpu}: {names} take {used} compute slices; a GPU has {SLICES}"
+                f"{where}.{gpu}: {names} mix an A30's profiles ({sorted(A30_PROFILES)}) with "
+                "other GPUs'; one GPU is one model: list the profiles of its model only"
+            )
+        (total,) = kinds
+        used = sum(slices_of(name) for name in names)
+        if used > total:
+            raise ValueError(
+                f"{where}.{gpu}: {names} take {used} compute slices; "
+                f"{'an A30' if total == A30_SLICES else 'a GPU'} has {total}"
             )
         out.extend((gpu, name) for name in names)
     return tuple(out)

@@ -49,8 +49,10 @@ def make_node(
     ready: bool = True,
     unschedulable: bool = False,
     gpu_resource: str = "nvidia.com/gpu",
+    extended: Mapping[str, str] | None = None,
 ) -> client.V1Node:
-    """Create a Node as a GPU node's kubelet and device plugin would show it."""
+    """Create a Node as a GPU node's kubelet and device plugin would show it; `extended`: more
+    allocatable resources (e.g. `nvidia.com/mig-1g.10gb`)."""
     all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", **(labels or {})}
     if product is not None and gpus:
         all_labels["nvidia.com/gpu.product"] = product
@@ -67,6 +69,7 @@ def make_node(
     resources = {"cpu": cpu, "memory": memory, "pods": "110"}
     if gpus:
         resources[gpu_resource] = str(gpus)
+    resources.update(extended or {})
     return set_node_status(api, name, ready=ready, capacity=resources, allocatable=resources)
 
 

@@ -33,6 +33,7 @@ from berth.store.schema import HOLDING, PREEMPTING, QUEUED, engine_row, events
 from berth.store.views import StoreError
 from scheduling.admission import Rejection, check_job
 from scheduling.cluster import Cluster
+from scheduling.mig import free_of
 from scheduling.policy import Policy
 from scheduling.quota import Team
 from scheduling.resources import GPU_UNIT, ZERO, Resources
@@ -76,6 +77,7 @@ class Mirror:
         policy: Policy,
         *,
         held: Mapping[str, Resources] | None = None,
+        held_mig: Mapping[str, Mapping[str, int]] | None = None,
         live: bool = False,
     ) -> None:
         self.cluster = cluster
@@ -91,6 +93,8 @@ class Mirror:
         self.last_event = 0
         self._held: dict[str, Resources] = dict(held or {})
         self._taken: list[tuple[int, int, int, int]] = []  # (node, gpu mask, cpu, mem) held
+        self._held_mig = _mig_map(held_mig)
+        self._taken_mig: list[tuple[int, int]] = []  # (node, MIG instance) held
 
     # -- building and catching up -----------------------------------------------------------
 
@@ -104,11 +108,13 @@ class Mirror:
         reservations: Any,
         *,
         held: Mapping[str, Resources] | None = None,
+        held_mig: Mapping[str, Mapping[str, int]] | None = None,
         live: bool = False,
     ) -> Mirror:
         """The state of the live `rows` and the engine row's `reservations`; on a `live`
-        cluster, less what others hold (`held`: node name -> resources)."""
-        m = cls(cluster, teams, policy, held=held, live=live)
+        cluster, less what others hold (`held`: node name -> resources; `held_mig`: node name
+        -> MIG profile -> instances)."""
+        m = cls(cluster, teams, policy, held=held, held_mig=held_mig, live=live)
         for row in rows:
             m._put(row)
         m._hold()
@@ -124,6 +130,7 @@ class Mirror:
         policy: Policy,
         *,
         held: Mapping[str, Resources] | None = None,
+        held_mig: Mapping[str, Mapping[str, int]] | None = None,
         live: bool = False,
     ) -> Mirror:
         """Build from the database (`conn` should read one snapshot: database.snapshot)."""
@@ -136,6 +143,7 @@ class Mirror:
             live_rows(conn).values(),
             eng["reservations"],
             held=held,
+            held_mig=held_mig,
             live=live,
         )
         m.version, m.cycles, m.last_event = eng["version"], eng["cycles"], last
@@ -183,12 +191,14 @@ class Mirror:
         if news.reservations is not None:
             self._reserve(news.reservations)
 
-    def set_held(self, held: Mapping[str, Resources]) -> None:
+    def set_held(
+        self, held: Mapping[str, Resources], held_mig: Mapping[str, Mapping[str, int]] | None = None
+    ) -> None:
         """What other workloads hold now (a live cluster's discovery)."""
-        held = dict(held)
-        if held != self._held:
+        held, mig = dict(held), _mig_map(held_mig)
+        if held != self._held or mig != self._held_mig:
             self._unhold()
-            self._held = held
+            self._held, self._held_mig = held, mig
             self._hold()
 
     # -- the rows ---------------------------------------------------------------------------
@@ -263,17 +273,32 @@ class Mirror:
             self._taken.append(
                 (i, mask, before[1] - capacity.free_cpu[i], before[2] - capacity.free_mem[i])
             )
+        # Instances others hold: that many free ones of each profile, the highest first (the
+        # device plugin, not Berth, chose which; Berth's own keep theirs). Their CPUs and
+        # memory are in `held` already.
+        for name, profiles in self._held_mig.items():
+            node = self.cluster.by_name.get(name)
+            if node is None or not capacity.mig_free:
+                continue
+            i = node.index
+            for profile, count in profiles.items():
+                for k in reversed(free_of(capacity, i, profile)[-count:] if count else []):
+                    capacity.take_instance(i, k, 0, 0)
+                    self._taken_mig.append((i, k))
 
     def _unhold(self) -> None:
         for i, mask, cpu, mem in self._taken:
             self.state.capacity.give(i, mask, cpu, mem)
         self._taken = []
+        for i, k in self._taken_mig:
+            self.state.capacity.give_instance(i, k, 0, 0)
+        self._taken_mig = []
 
     # -- after this process's own cycle (apply.py) -------------------------------------------
 
     def rehold(self) -> None:
         """Take what others hold again, after the running jobs changed (as a build would)."""
-        if self._taken:
+        if self._taken or self._taken_mig:
             self._unhold()
             self._hold()
 
@@ -358,3 +383,7 @@ class Mirror:
 
 def _place(p: Any) -> tuple | None:
     return None if p is None else (p.enqueued, p.seq)
+
+
+def _mig_map(held_mig: Mapping[str, Mapping[str, int]] | None) -> dict[str, dict[str, int]]:
+    return {name: dict(p) for name, p in (held_mig or {}).items() if p}

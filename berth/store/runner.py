@@ -140,7 +140,13 @@ class CycleRunner:
                     return mirror.state.clone()
         with snapshot(self.engine) as conn:
             return Mirror.load(
-                conn, view.cluster, self.teams, self.policy, held=view.held, live=self.live
+                conn,
+                view.cluster,
+                self.teams,
+                self.policy,
+                held=view.held,
+                held_mig=view.held_mig,
+                live=self.live,
             ).state
 
     def changed(self) -> bool:
@@ -170,6 +176,7 @@ class CycleRunner:
                     self.teams,
                     self.policy,
                     held=view.held,
+                    held_mig=view.held_mig,
                     live=self.live,
                 )
             mirror.check_against(fresh)
@@ -191,7 +198,7 @@ class CycleRunner:
                     mirror = None
             if mirror is None:
                 mirror = self._build(conn, view)
-        mirror.set_held(view.held)
+        mirror.set_held(view.held, view.held_mig)
         return mirror
 
     def _build(self, conn: Connection, view: ClusterView) -> Mirror:
@@ -200,7 +207,13 @@ class CycleRunner:
         gc.unfreeze()
         self.mirror = None
         mirror = Mirror.load(
-            conn, view.cluster, self.teams, self.policy, held=view.held, live=self.live
+            conn,
+            view.cluster,
+            self.teams,
+            self.policy,
+            held=view.held,
+            held_mig=view.held_mig,
+            live=self.live,
         )
         gc.freeze()
         self.mirror = mirror

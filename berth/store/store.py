@@ -85,10 +85,12 @@ DEFAULT_LEASE_S = 300.0  # a worker silent this long is presumed dead (reap)
 @dataclass(frozen=True)
 class ClusterView:
     """The cluster as a discovery sees it now, and what other workloads hold on its nodes
-    (node name -> resources): what a live cluster source gives the store."""
+    (node name -> resources; and MIG instances, node name -> profile -> count): what a live
+    cluster source gives the store."""
 
     cluster: Cluster
     held: Mapping[str, Resources] = field(default_factory=dict)
+    held_mig: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 class Store:

@@ -6,16 +6,25 @@ allocatable CPUs and memory, its block and rack from configurable labels, and it
 from an annotation (see `labels.TopologyLabels`). The product label's values become model names
 through the admin's table (`TopologyLabels.gpu_models`), and models get speeds (`gpu_speed`).
 
+MIG (the GPU operator's mixed strategy): a node advertises its instances as
+`nvidia.com/mig-<profile>` beside its whole GPUs' `nvidia.com/gpu`. The device plugin, not Berth,
+picks the instance a pod gets, and the API does not say which GPU holds which instance, so the
+node's partitioned GPUs are laid out from the counts (`mig_layout`: the largest instances
+first, each on the first GPU with compute slices left), after its whole GPUs; a node with only
+instances is used too. Pods request one instance of their profile (pods.py), so the layout
+only has to hold the right number of each profile, which it does.
+
 Left out, each with the reason in `Inventory.left_out`: nodes that are not Ready, cordoned,
 tainted NoSchedule/NoExecute against Berth's pods (the tolerated set is configurable), without
-allocatable GPUs (they host the platform itself, and their CPUs would inflate every team's
-dominant share), or whose GPU-groups annotation cannot be read (a typo on one node must not
-stop scheduling on all the others).
+allocatable GPUs or MIG instances (they host the platform itself, and their CPUs would inflate
+every team's dominant share), or whose GPU-groups annotation or MIG instances cannot be read (a
+typo on one node must not stop scheduling on all the others).
 
 Berth does not own the cluster: pods that it did not create (no label
 `app.kubernetes.io/managed-by=berth`) and that are bound and not finished hold their requests,
-which come back per node in `Inventory.foreign`, so that the engine never counts those GPUs as
-free. Berth's own pods are left to the engine's own accounting.
+which come back per node in `Inventory.foreign` (and their MIG instances per profile in
+`Inventory.foreign_mig`), so that the engine never counts those GPUs as free. Berth's own pods
+are left to the engine's own accounting.
 
 Without a GPU-groups annotation a node is one group of all its GPUs. On Kubernetes the device
 plugin, not Berth, picks which of a node's GPUs a pod gets, so Berth cannot keep a pod inside
@@ -43,9 +52,17 @@ from berth.runtime.kubernetes.labels import (
     parse_gpu_groups,
     repelling_taint,
 )
-from berth.runtime.kubernetes.pod_requests import cpu_milli, gpu_count, mem_mib, pod_request
+from berth.runtime.kubernetes.pod_requests import (
+    cpu_milli,
+    gpu_count,
+    mem_mib,
+    mig_counts,
+    pod_mig,
+    pod_request,
+)
 from scheduling.cluster import Cluster, Node
 from scheduling.config import DEFAULT_SLOWDOWN
+from scheduling.mig import gpu_slices, partitions, slices_of
 from scheduling.resources import GPU_UNIT, Resources
 
 log = logging.getLogger(__name__)
@@ -64,6 +81,8 @@ class Inventory(NamedTuple):
     cluster: Cluster
     foreign: dict[str, Resources]  # node name -> requests of bound, unfinished non-Berth pods
     left_out: dict[str, str]  # node name -> why Berth does not use it
+    # node name -> MIG instances per profile those pods hold (nodes with none absent)
+    foreign_mig: dict[str, dict[str, int]]
 
     @property
     def foreign_gpus(self) -> dict[str, int]:
@@ -100,6 +119,8 @@ def discover_cluster(
                 nodes.append(_node(len(nodes), k8s_node, labels))
             except GpuGroupsError as e:
                 why = f"{_groups_source(k8s_node, labels)} {e}"
+            except MigLayoutError as e:
+                why = str(e)
         if why is not None:
             left_out[node_name] = why
             log.debug("node %s left out: %s", node_name, why)
@@ -110,7 +131,8 @@ def discover_cluster(
         {**DEFAULT_SLOWDOWN, **(slowdown or {})},
         dict(labels.gpu_speed),
     )
-    return Inventory(cluster, _foreign_use(api, cluster, labels), left_out)
+    foreign, foreign_mig = _foreign_use(api, cluster, labels)
+    return Inventory(cluster, foreign, left_out, foreign_mig)
 
 
 def _why_unusable(
@@ -131,18 +153,59 @@ def _why_unusable(
             f"tainted {shown}:{taint.effect}, which Berth's pods do not tolerate; add a "
             "toleration for it to Berth's Kubernetes settings if Berth should use this node"
         )
-    gpus = gpu_count(((status and status.allocatable) or {}).get(labels.gpu_resource))
-    if gpus == 0:
+    allocatable = (status and status.allocatable) or {}
+    gpus = gpu_count(allocatable.get(labels.gpu_resource))
+    if gpus == 0 and not mig_counts(allocatable):
         return f"no allocatable {labels.gpu_resource}"
     if gpus > MAX_GPUS_PER_NODE:
         return f"{gpus} allocatable {labels.gpu_resource}; Berth handles at most 64 per node"
     return None
 
 
+class MigLayoutError(ValueError):
+    """A node's MIG instances do not fit its GPUs as Berth can lay them out."""
+
+
+def mig_layout(whole: int, counts: Mapping[str, int]) -> dict[int, list[str]]:
+    """Partitioned GPUs (index -> profiles) holding `counts` instances per profile, numbered
+    after the `whole` GPUs: the largest instances first, each on the first GPU with slices
+    left of its kind (an A30's 4, else 7); a new GPU when none has."""
+    layout: dict[int, list[str]] = {}
+    left: dict[int, int] = {}
+    for profile in sorted(counts, key=lambda p: (-slices_of(p), p)):
+        need, total = slices_of(profile), gpu_slices(profile)
+        for _ in range(counts[profile]):
+            gpu = next(
+                (g for g, room in left.items() if room >= need and _slices(layout[g]) == total),
+                None,
+            )
+            if gpu is None:
+                gpu = whole + len(layout)
+                layout[gpu], left[gpu] = [], total
+            layout[gpu].append(profile)
+            left[gpu] -= need
+    return layout
+
+
+def _slices(profiles: list[str]) -> int:
+    return gpu_slices(profiles[0]) if profiles else 0
+
+
 def _node(index: int, node: Any, labels: TopologyLabels) -> Node:
     meta, allocatable = node.metadata, node.status.allocatable
     node_labels = dict(meta.labels or {})
-    gpus = gpu_count(allocatable.get(labels.gpu_resource))
+    whole = gpu_count(allocatable.get(labels.gpu_resource))
+    layout = mig_layout(whole, mig_counts(allocatable))
+    gpus = whole + len(layout)
+    if gpus > MAX_GPUS_PER_NODE:
+        raise MigLayoutError(
+            f"{whole} allocatable {labels.gpu_resource} and MIG instances on {len(layout)} more "
+            f"GPUs; Berth handles at most {MAX_GPUS_PER_NODE} per node"
+        )
+    try:
+        mig = partitions(layout, gpus, f"node {meta.name} MIG instances")
+    except ValueError as e:
+        raise MigLayoutError(str(e)) from e
     groups_text = (meta.annotations or {}).get(labels.gpu_groups) or node_labels.get(
         labels.gpu_groups
     )
@@ -160,6 +223,7 @@ def _node(index: int, node: Any, labels: TopologyLabels) -> Node:
         mem=mem_mib(allocatable.get("memory"), round_up=False),
         domains=_domains(meta.name, node_labels, labels),
         labels=node_labels,
+        mig=mig,
     )
 
 
@@ -186,9 +250,11 @@ def _groups_source(node: Any, labels: TopologyLabels) -> str:
 
 def _foreign_use(
     api: client.CoreV1Api, cluster: Cluster, labels: TopologyLabels
-) -> dict[str, Resources]:
-    """Requests of bound, unfinished pods not created by Berth, summed per node of `cluster`."""
+) -> tuple[dict[str, Resources], dict[str, dict[str, int]]]:
+    """Requests of bound, unfinished pods not created by Berth, summed per node of `cluster`;
+    and their MIG instances per node and profile."""
     out: dict[str, Resources] = {}
+    mig: dict[str, dict[str, int]] = {}
     pods = _list_all(
         api.list_pod_for_all_namespaces,
         field_selector=_HOLDING,
@@ -198,7 +264,10 @@ def _foreign_use(
         node_name = pod.spec.node_name
         if node_name in cluster.by_name:
             out[node_name] = out.get(node_name, Resources()) + pod_request(pod, labels.gpu_resource)
-    return out
+            for profile, n in pod_mig(pod).items():
+                held = mig.setdefault(node_name, {})
+                held[profile] = held.get(profile, 0) + n
+    return out, mig
 
 
 def _list_all(list_call: Callable[..., Any], **kwargs: Any) -> Iterator[Any]:

@@ -92,5 +92,5 @@ class LiveCluster:
         for name in before.keys() - inv.left_out.keys():
             log.info("node %s is back in Berth's cluster", name)
         self.inventory = inv
-        self._view = ClusterView(inv.cluster, inv.foreign)
+        self._view = ClusterView(inv.cluster, inv.foreign, inv.foreign_mig)
         self._at = self.clock()

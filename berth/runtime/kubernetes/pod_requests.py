@@ -3,17 +3,20 @@
 A pod's request is the larger of (its containers plus its sidecars) and the peak of its init
 containers (each with the sidecars started before it), plus its overhead. Extended resources
 such as `nvidia.com/gpu` may be given as limits only; Kubernetes then takes the limit as the
-request, and so do we.
+request, and so do we. MIG instances (`nvidia.com/mig-<profile>`) are counted per profile apart
+(`pod_mig`): they are instances of partitioned GPUs, not whole GPUs.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
+from scheduling.mig import profile_problem
 from scheduling.resources import CPU_UNIT, GPU_UNIT, Resources
 
 _MIB = 1024 * 1024
@@ -78,3 +81,65 @@ def pod_request(pod: Any, gpu_resource: str = "nvidia.com/gpu") -> Resources:
         cpu_milli(overhead.get("cpu"), round_up=True),
         mem_mib(overhead.get("memory"), round_up=True),
     )
+
+
+# -- MIG instances (the device plugin's mixed strategy) -----------------------------------------
+
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # + the profile, e.g. nvidia.com/mig-1g.10gb
+
+
+def mig_resource(profile: str) -> str:
+    """The extended resource of a MIG profile. The device plugin turns a profile's `+` into a
+    `.` (a resource name may not hold `+`): `1g.10gb+me` is `nvidia.com/mig-1g.10gb.me`."""
+    return MIG_RESOURCE_PREFIX + profile.replace("+", ".")
+
+
+def profile_of_resource(name: str) -> str | None:
+    """The MIG profile an extended resource advertises (`mig_resource`'s inverse), or None for
+    any other resource and for forms Berth does not model (Blackwell's `-me`, `.gfx`)."""
+    if not name.startswith(MIG_RESOURCE_PREFIX):
+        return None
+    profile = name[len(MIG_RESOURCE_PREFIX) :]
+    if profile.endswith(".me"):
+        profile = profile[: -len(".me")] + "+me"
+    return profile if profile_problem(profile) is None else None
+
+
+def mig_counts(resources: Mapping[str, str] | None) -> dict[str, int]:
+    """Instances per MIG profile in a resource list (a node's allocatable, a container's
+    requests); profiles with none left out."""
+    out: dict[str, int] = {}
+    for name, quantity in (resources or {}).items():
+        profile = profile_of_resource(name)
+        if profile is not None and (n := gpu_count(quantity)):
+            out[profile] = out.get(profile, 0) + n
+    return out
+
+
+def pod_mig(pod: Any) -> dict[str, int]:
+    """MIG instances per profile that `pod` (a V1Pod) holds, by `pod_request`'s rule: its
+    containers and sidecars together, or its init containers' peak if larger."""
+
+    def of(c: Any) -> dict[str, int]:
+        res = c.resources
+        return mig_counts({**((res and res.limits) or {}), **((res and res.requests) or {})})
+
+    def plus(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+        return {p: a.get(p, 0) + b.get(p, 0) for p in {*a, *b}}
+
+    def peak(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+        return {p: max(a.get(p, 0), b.get(p, 0)) for p in {*a, *b}}
+
+    spec = pod.spec
+    running: dict[str, int] = {}
+    for c in spec.containers or ():
+        running = plus(running, of(c))
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for c in spec.init_containers or ():
+        if c.restart_policy == "Always":
+            sidecars = plus(sidecars, of(c))
+            init_peak = peak(init_peak, sidecars)
+        else:
+            init_peak = peak(init_peak, plus(sidecars, of(c)))
+    return {p: n for p, n in peak(plus(running, sidecars), init_peak).items() if n}

@@ -52,6 +52,7 @@ from berth.runtime.base import Launch, LaunchError, ReplicaHandle, replica_env, 
 from berth.runtime.kubernetes.dra import DraSettings, pod_fields
 from berth.runtime.kubernetes.inventory import BERTH, MANAGED_BY
 from berth.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, Toleration
+from berth.runtime.kubernetes.pod_requests import mig_resource
 from berth.runtime.kubernetes.training import CheckpointVolume, checkpoint_volume, shm_volume
 from berth.runtime.kubernetes.volumes import DataVolume, replica_mount
 from berth.spec_fields import env_key, secret_ref
@@ -266,9 +267,6 @@ def service_manifest(launch: KubeLaunch) -> dict[str, Any]:
     }
 
 
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # + the profile, e.g. nvidia.com/mig-1g.10gb
-
-
 def gpu_env(settings: KubeSettings, rep: ReplicaHandle) -> dict[str, str]:
     """GPU variables that differ from the local runtime's (see the module docstring)."""
     if rep.mig:
@@ -284,7 +282,7 @@ def resources(
     """Requests (= limits) of one replica's container."""
     out = {"cpu": f"{cpu_milli}m", "memory": f"{mem_mib}Mi"}
     if rep.mig:  # the device plugin's mixed strategy: one resource per profile
-        out[f"{MIG_RESOURCE_PREFIX}{rep.mig}"] = "1"
+        out[mig_resource(rep.mig)] = "1"
     elif rep.share:
         if settings.shared_gpu_resource is not None:
             out[settings.shared_gpu_resource] = "1"
