@@ -60,15 +60,23 @@ def place_gang(cap: Capacity, job: Job, finest: str = GPU_GROUP) -> Placement | 
 
 
 def _ranked(cap: Capacity, bucket: set) -> Iterator:
-    """Bucket members; less-loaded nodes first where nodes report load.
+    """Bucket members in a fixed order: the less-loaded nodes first where nodes report load,
+    then by index (a node, or a (node, group) pair).
 
-    Without load any member is as good as another; iterating the set as it is keeps a pick O(1)
-    and is still deterministic (ints and tuples of ints hash to themselves).
-    """
+    Never the set's own order: that depends on the set's history (collisions, deleted slots,
+    its table's size), so a copy (`Capacity.clone`, as the ETA's forward run and every trial
+    takes) could pick another node than the original for the same state (found by the ETA
+    property test: a 2-GPU job went to node 3 in the run and to node 0 in the forward run).
+    Without load the first member is found by `min`, linear and in C: most searches take it
+    and look no further."""
     if not cap.load:
-        return iter(bucket)
-    return iter(
-        sorted(bucket, key=lambda x: (cap.load.get(x if isinstance(x, int) else x[0], 0.0), x))
+        first = min(bucket)
+        yield first
+        if len(bucket) > 1:
+            yield from sorted(x for x in bucket if x != first)
+        return
+    yield from sorted(
+        bucket, key=lambda x: (cap.load.get(x if isinstance(x, int) else x[0], 0.0), x)
     )
 
 

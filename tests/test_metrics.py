@@ -485,12 +485,13 @@ def test_goodput_counts_finished_work_only() -> None:
 
 
 def _preempting_trace() -> tuple[Any, Any, list[TraceJob]]:
-    """a and b take 4 of 6 GPUs; p (3 GPUs, priority 2) preempts b at 601 (after the
-    preemption delay) and runs 100 s; b is admitted again at 701."""
+    """a and b take 4 of 6 GPUs; p (3 GPUs, priority 2) preempts b (priority 0, below a's 1:
+    the cheaper loss) at 601 (after the preemption delay) and runs 100 s; b is admitted again
+    at 701."""
     cluster = parse_cluster({"nodes": [{"name": "n0", "gpus": 3}, {"name": "n1", "gpus": 3}]})
     teams = parse_teams([{"name": "t", "nominal": {"gpus": 6}}])
     trace = [
-        TraceJob("a", 0, "t", 1, 2, 3000),
+        TraceJob("a", 0, "t", 1, 2, 3000, priority=1),
         TraceJob("b", 0, "t", 1, 2, 3000),
         TraceJob("p", 1, "t", 1, 3, 100, priority=2),
     ]

@@ -110,7 +110,9 @@ def test_whole_gangs_are_preempted():
     res = w.cycle(500)
     assert [p.job_id for p in res.preempted] == []  # taking the gang would leave b at 0 < 4
     w2 = World(cluster(nodes=2, gpus=4, groups=1), teams(a=4, b=4), POL)
-    w2.submit(job("b-own", "b", gpus=4), job("b-gang", "b", gpus=1, replicas=4), at=0).cycle(0)
+    # b-own may not go: the gang is the only victim, and goes whole.
+    w2.submit(job("b-own", "b", gpus=4, preemptible=False), job("b-gang", "b", gpus=1, replicas=4))
+    w2.cycle(0)
     w2.submit(job("a1", "a", gpus=2), at=0)
     res = w2.cycle(500)
     assert [p.job_id for p in res.preempted] == ["b-gang"]
