@@ -15,7 +15,7 @@ from scheduling.cluster import CLUSTER, GPU_GROUP, Cluster
 from scheduling.cohorts import reachable
 from scheduling.jobs import Job
 from scheduling.mig import profile_problem
-from scheduling.models import model_gpus, node_sets, unknown_models
+from scheduling.models import key_amount, mig_key, model_gpus, node_sets, unknown_models
 from scheduling.placement import max_level, place_gang
 from scheduling.quota import Team, model_quotas
 from scheduling.resources import GPU_UNIT, Resources, fmt_gpus, gpu_request_problem
@@ -184,6 +184,15 @@ def _check_model_quotas(
     one model, and all of it for a mixed one: decision 0022), or a Rejection if none."""
     team = teams[job.team]
     reach = model_reach(team, teams, cluster, job.preemptible)
+    key = mig_key(job)
+    if key in reach and reach[key] < key_amount(job, key):
+        return (), Rejection(
+            "infeasible",
+            "mig_profile",
+            f"job needs {job.replicas} {job.mig} MIG instances but team {job.team} may hold at "
+            f"most {reach[key] // GPU_UNIT} ({key}, with what its pool holds); ask for fewer "
+            f"replicas, another profile, or raise the team's {key} quota",
+        )
     accepted = job.gpu_models or cluster.models
     ok = tuple(m for m in accepted if m not in reach or reach[m] >= job.demand.gpu)
     if ok:

@@ -25,8 +25,9 @@ from scheduling.cluster import (
     Node,
 )
 from scheduling.cohorts import Cohort
-from scheduling.mig import partitions
-from scheduling.quota import ModelQuota, Team
+from scheduling.mig import partitions, profile_problem
+from scheduling.mig import profiles as mig_profiles
+from scheduling.quota import MIG_KEY, ModelQuota, Team, quota_key
 from scheduling.resources import UNLIMITED, ZERO, Resources
 
 DEFAULT_SLOWDOWN = {GPU_GROUP: 1.0, NODE: 1.1, RACK: 1.3, BLOCK: 1.5, CLUSTER: 1.8}
@@ -108,7 +109,8 @@ MODEL_KEY = "gpus."  # `gpus.<MODEL>`: a team's quota of one GPU model
 
 
 class QuotaMap(BaseModel):
-    """`gpus`, `cpus`, `memory_gb`, and `gpus.<MODEL>` keys (one GPU model's quota)."""
+    """`gpus`, `cpus`, `memory_gb`, `gpus.<MODEL>` keys (one GPU model's quota) and
+    `mig.<profile>` keys (one MIG profile's instances)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
     gpus: NonNegative | None = None
@@ -118,11 +120,19 @@ class QuotaMap(BaseModel):
     @model_validator(mode="after")
     def _model_keys(self) -> QuotaMap:
         for key, value in (self.model_extra or {}).items():
+            if key.startswith(MIG_KEY):
+                problem = profile_problem(key[len(MIG_KEY) :])
+                if problem:
+                    raise ValueError(f"{key}: {problem}")
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"{key}: {value!r} is not a whole number of instances >= 0")
+                continue
             model = key[len(MODEL_KEY) :] if key.startswith(MODEL_KEY) else ""
             if not model or "|" in model or model.strip() != model:
                 raise ValueError(
-                    f"unknown key {key!r}: use gpus, cpus, memory_gb, or gpus.<MODEL> for one "
-                    "GPU model's quota (e.g. gpus.H100: 8)"
+                    f"unknown key {key!r}: use gpus, cpus, memory_gb, gpus.<MODEL> for one GPU "
+                    "model's quota (e.g. gpus.H100: 8) or mig.<profile> for one MIG profile's "
+                    "instances (e.g. mig.1g.10gb: 7)"
                 )
             if (
                 isinstance(value, bool)
@@ -133,8 +143,12 @@ class QuotaMap(BaseModel):
         return self
 
     def models(self) -> dict[str, float]:
-        """The `gpus.<MODEL>` keys: model -> GPUs."""
-        return {k[len(MODEL_KEY) :]: float(v) for k, v in (self.model_extra or {}).items()}
+        """The per-model keys: model -> GPUs for `gpus.<MODEL>`, and `mig.<profile>` ->
+        instances (a MIG profile's quota is held as a model of that name: `quota_key`)."""
+        return {
+            k if k.startswith(MIG_KEY) else k[len(MODEL_KEY) :]: float(v)
+            for k, v in (self.model_extra or {}).items()
+        }
 
 
 _NAME = r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$"
@@ -165,7 +179,7 @@ class CohortSpec(_Strict):
         for field_name in ("nominal", "borrowing_limit", "lending_limit"):
             q = getattr(self, field_name)
             if q is not None and q.models():
-                keys = ", ".join(f"gpus.{m}" for m in q.models())
+                keys = ", ".join(quota_key(m) for m in q.models())
                 raise ValueError(
                     f"{field_name}: per-model keys ({keys}) are a team's, not a cohort's; "
                     "put them on the teams, or use gpus"
@@ -417,25 +431,39 @@ def _model_quotas(t: TeamSpec) -> tuple[ModelQuota, ...]:
             None if lending is None else Resources.of(lending).gpu,
         )
         if q.lends > nominal:
+            key = quota_key(model)
             raise ConfigError(
-                f"team {t.name}: lending_limit.gpus.{model} exceeds its nominal "
-                f"gpus.{model} ({nominal / 1000:g}); lend at most nominal"
+                f"team {t.name}: lending_limit.{key} exceeds its nominal {key} "
+                f"({nominal / 1000:g}); lend at most nominal"
             )
         out.append(q)
     return tuple(out)
 
 
 def check_team_models(cluster: Cluster, teams: Mapping[str, Team]) -> None:
-    """Every `gpus.<MODEL>` key names a model the cluster has (a typo would otherwise make a
-    quota that nothing ever uses, or forbid a model the team meant to allow)."""
+    """Every `gpus.<MODEL>` key names a model the cluster has, and every `mig.<profile>` key a
+    profile some node is partitioned into (a typo would otherwise make a quota that nothing
+    ever uses, or forbid a model the team meant to allow)."""
     known = set(cluster.models)
+    partitioned = {MIG_KEY + p for p in mig_profiles(cluster)}
     for t in teams.values():
-        unknown = sorted(q.model for q in t.models if q.model not in known)
-        if unknown:
+        unknown = sorted(
+            q.model
+            for q in t.models
+            if q.model not in (partitioned if q.model.startswith(MIG_KEY) else known)
+        )
+        gpu_models = [m for m in unknown if not m.startswith(MIG_KEY)]
+        if gpu_models:
             raise ConfigError(
-                f"team {t.name}: no node has GPU model {', '.join(unknown)} (keys "
-                f"{', '.join('gpus.' + m for m in unknown)}); the cluster's models are "
+                f"team {t.name}: no node has GPU model {', '.join(gpu_models)} (keys "
+                f"{', '.join('gpus.' + m for m in gpu_models)}); the cluster's models are "
                 f"{', '.join(sorted(known))}: fix the key or the nodes' gpu_model"
+            )
+        if unknown:
+            have = ", ".join(sorted(p[len(MIG_KEY) :] for p in partitioned)) or "none"
+            raise ConfigError(
+                f"team {t.name}: no node has MIG instances of {', '.join(unknown)}; the "
+                f"cluster's profiles are {have}: fix the key or the nodes' mig partitions"
             )
 
 

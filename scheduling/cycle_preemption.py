@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from scheduling import reasons
 from scheduling.decisions import PendingReason, Preempt, Status
 from scheduling.model_reclaim import next_victim_at, plan_model_reclaim, reclaimable_models
-from scheduling.models import gpus_by_model
+from scheduling.models import gpus_by_model, key_amount, mig_key
 from scheduling.preemption import PreemptionPlan, plan_preemption
 from scheduling.victim_rules import lends_back
 from scheduling.victims import VictimPool
@@ -281,8 +281,15 @@ def _on_models_within_nominal(quota: QuotaLedger, models: Sequence[str], job: Jo
     job to the model's reclaim by the team it took the GPUs from (which Kueue's rule let it take
     below its nominal), and so on at one instant for ever (found by a fresh-example hunt, seed
     2635410150; tests/test_model_quotas.py). With the rule on, the totals' reclaim never takes
-    a team below its nominal, and a model's reclaim keeps its team within it: no such cycle."""
+    a team below its nominal, and a model's reclaim keeps its team within it: no such cycle.
+    The same holds for a MIG job's profile key (`mig.<profile>`): above its team's nominal of
+    it, no reclaim of the totals (None)."""
     declared = quota.declared_models(job.team)
+    key = mig_key(job)
+    if key in declared and (
+        quota.model_usage.get((job.team, key), 0) + key_amount(job, key) > declared[key].nominal
+    ):
+        return None
     kept = tuple(
         m
         for m in job.gpu_models or models

@@ -9,7 +9,9 @@ cheapest losses first (the lenders' guards, `VictimPool.reclaimable`), none that
 team below its nominal of the model (`Policy.victim_keeps_nominal`; else its team need only be
 borrowing the model when it is taken). The plan holds when the job then fits its team's quotas,
 the total and the model's, and a placement on the model's nodes; victims it does not need are
-put back.
+put back. A MIG profile's `mig.<profile>` key is reclaimed the same way (decision 0024): its
+victims are other teams' jobs holding instances of the profile, counted by instance, and the
+job is placed anywhere its other keys allow.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from scheduling.capacity import Capacity
 from scheduling.cluster import Cluster
 from scheduling.decisions import PreemptionPlan
 from scheduling.jobs import Job, Placement, Running
-from scheduling.models import gpus_by_model
-from scheduling.quota import QuotaLedger
+from scheduling.model_quotas import ModelQuotaPlacer
+from scheduling.models import gpus_by_model, key_amount, mig_key
+from scheduling.quota import MIG_KEY, QuotaLedger
 from scheduling.strategies import Placer
 from scheduling.victims import VictimPool
 
@@ -41,9 +44,11 @@ def reclaimable_models(quota: QuotaLedger, cluster: Cluster, job: Job) -> list[s
         return []
     declared = quota.declared_models(job.team)
     out = []
-    for model in job.gpu_models or cluster.models:
+    key = mig_key(job)
+    for model in (*((key,) if key else ()), *(job.gpu_models or cluster.models)):
         q = declared.get(model)
-        if q is None or quota.model_usage.get((job.team, model), 0) + job.demand.gpu > q.nominal:
+        amount = key_amount(job, model)
+        if q is None or quota.model_usage.get((job.team, model), 0) + amount > q.nominal:
             continue
         if any(
             quota.model_usage.get((team, model), 0) > quota.declared_models(team)[model].nominal
@@ -94,7 +99,9 @@ class _Ask(NamedTuple):
 def _search(ask: _Ask, guarded: bool, max_candidates: int) -> PreemptionPlan | None:
     pool, cap, quota, job, model, place, excluded, spared_above, keep_nominal = ask
     cluster = cap.cluster
-    on_model = replace(job, gpu_models=(model,), mixed_models=False)
+    on_model = (
+        job if model.startswith(MIG_KEY) else replace(job, gpu_models=(model,), mixed_models=False)
+    )
     candidates: list[tuple[Running, int]] = []
     for team in sorted(quota.teams):
         if team == job.team:
@@ -138,19 +145,21 @@ def _search(ask: _Ask, guarded: bool, max_candidates: int) -> PreemptionPlan | N
 def _room(
     cap: Capacity, quota: QuotaLedger, job: Job, model: str, victims: list[Running], place: Placer
 ) -> Placement | None:
-    """The job's placement with `victims` gone, if its team's quotas (total and `model`'s)
-    then hold it; else None."""
+    """The job's placement with `victims` gone, if its team's quotas (the total, `model`'s and
+    every other per-model key it counts in) then hold it; else None."""
     trial = quota.without(v.job for v in victims)
     for v in victims:
         trial.remove_models(v.job.team, gpus_by_model(cap.cluster, v.placement.replicas))
     if trial.check(job.team, job.demand, job.preemptible) is not None:
         return None
-    if trial.model_problem(job.team, model, job.demand.gpu, job.preemptible) is not None:
+    if trial.model_problem(job.team, model, key_amount(job, model), job.preemptible) is not None:
         return None
     room = cap.clone()
     for v in victims:
         room.give_placement(v.placement, v.job.cpu, v.job.mem)
-    return place(room, job)
+    # On the models its team's other keys leave it (a MIG profile's reclaim places the job
+    # on any model whose key has room; a model's reclaim needs room in its MIG profile's key).
+    return ModelQuotaPlacer(trial, cap.cluster, place)(room, job)
 
 
 def next_victim_at(pool: VictimPool, quota: QuotaLedger, job: Job, model: str) -> float | None:

@@ -18,6 +18,7 @@ from functools import lru_cache
 
 from scheduling.cluster import Cluster
 from scheduling.jobs import Job, ReplicaPlacement
+from scheduling.quota import MIG_KEY
 
 
 def node_sets(
@@ -76,18 +77,40 @@ def unknown_models(cluster: Cluster, models: Iterable[str]) -> list[str]:
 
 
 def gpus_by_model(cluster: Cluster, replicas: Iterable[ReplicaPlacement]) -> dict[str, int]:
-    """Milli-GPUs per GPU model that some replicas hold: what per-model quotas count."""
+    """Milli-GPUs per GPU model that some replicas hold, and thousandths of an instance per
+    MIG profile (`mig.<profile>`: 1000 per instance): what per-model quotas count."""
     out: dict[str, int] = {}
     nodes = cluster.nodes
     for rep in replicas:
-        model = nodes[rep.node].gpu_model
-        out[model] = out.get(model, 0) + (rep.share or 1000 * len(rep.gpus))
+        node = nodes[rep.node]
+        out[node.gpu_model] = out.get(node.gpu_model, 0) + (rep.share or 1000 * len(rep.gpus))
+        if rep.instance >= 0:
+            key = MIG_KEY + node.mig[rep.instance][1]
+            out[key] = out.get(key, 0) + 1000
     return out
 
 
 def model_gpus(cluster: Cluster) -> dict[str, int]:
-    """The cluster's GPUs per model, in milli-GPUs (as quotas count them)."""
-    return {
+    """The cluster's GPUs per model, in milli-GPUs, and its instances per MIG profile
+    (`mig.<profile>`, 1000 each): as quotas count them."""
+    out = {
         m: 1000 * sum(cluster.nodes[i].gpus for i in nodes)
         for m, nodes in cluster.model_nodes.items()
     }
+    for node in cluster.nodes:
+        for _, profile in node.mig:
+            out[MIG_KEY + profile] = out.get(MIG_KEY + profile, 0) + 1000
+    return out
+
+
+def mig_key(job: Job) -> str | None:
+    """The per-model quota key a MIG job's instances count in (`mig.<profile>`), or None."""
+    return MIG_KEY + job.mig if job.mig else None
+
+
+def key_amount(job: Job, key: str) -> int:
+    """What all of the job counts in one per-model key: its GPUs (milli) in a model's, its
+    instances (1000 each) in its profile's `mig.<profile>`, none in another profile's."""
+    if key.startswith(MIG_KEY):
+        return 1000 * job.replicas if key == mig_key(job) else 0
+    return job.demand.gpu

@@ -26,10 +26,20 @@ if TYPE_CHECKING:
     from scheduling.jobs import Job
 
 
+MIG_KEY = "mig."  # `mig.<profile>`: a team's quota of one MIG profile's instances
+
+
+def quota_key(model: str) -> str:
+    """The teams-file key of a per-model quota: `gpus.<MODEL>`, or a MIG profile's
+    `mig.<profile>` (held in the same tables as a model named `mig.<profile>`)."""
+    return model if model.startswith(MIG_KEY) else f"gpus.{model}"
+
+
 @dataclass(frozen=True, slots=True)
 class ModelQuota:
-    """A team's quota of one GPU model (`gpus.<MODEL>` keys), in milli-GPUs: enforced beside
-    the model-agnostic quota, with a lending pool per model (`model_quotas`)."""
+    """A team's quota of one GPU model (`gpus.<MODEL>` keys), in milli-GPUs, or of one MIG
+    profile (`mig.<profile>` keys, `model` named so), in thousandths of an instance: enforced
+    beside the model-agnostic quota, with a lending pool per key (`model_quotas`)."""
 
     model: str
     nominal: int
@@ -233,7 +243,7 @@ class QuotaLedger:
             return None
         used = self.model_usage.get((team, model), 0)
         after = used + gpu
-        key = f"gpus.{model}"
+        key = quota_key(model)
         if after > q.ceiling:
             return QuotaProblem(key, "borrowing_limit")
         if not preemptible and after > q.nominal:

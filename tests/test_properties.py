@@ -155,13 +155,17 @@ def cluster_specs(draw: st.DrawFn) -> dict[str, Any]:
 
 @st.composite
 def team_specs(
-    draw: st.DrawFn, total_gpus: int, model_gpus: dict[str, int] | None = None
+    draw: st.DrawFn,
+    total_gpus: int,
+    model_gpus: dict[str, int] | None = None,
+    mig_counts: dict[str, int] | None = None,
 ) -> list[dict[str, Any]] | dict[str, Any]:
     """1-3 teams; nominal 0..all GPUs (the first team's at least 1, or every job of a lone
     team would be rejected); borrowing and lending limits optional; CPUs sometimes. On a
     cluster of two models (`model_gpus`: GPUs per model), a team declares per-model keys one
-    time in three. With two teams or more, one time in three an organization tree
-    (`cohort_tree`)."""
+    time in three; on a cluster with MIG instances (`mig_counts`: instances per profile),
+    `mig.<profile>` keys one time in three. With two teams or more, one time in three an
+    organization tree (`cohort_tree`)."""
     teams = []
     for i in range(draw(st.integers(1, 3))):
         least = 1 if i == 0 else 0
@@ -176,6 +180,8 @@ def team_specs(
             team["nominal"]["cpus"] = draw(st.integers(0, 64))
         if model_gpus and len(model_gpus) > 1 and draw(st.integers(0, 2)) == 0:
             _model_keys(draw, team, model_gpus)
+        if mig_counts and draw(st.integers(0, 2)) == 0:
+            _model_keys(draw, team, mig_counts, "mig.")
         teams.append(team)
     if len(teams) < 2 or draw(st.integers(0, 2)):
         return teams
@@ -212,13 +218,16 @@ def _cohort_tree(draw: st.DrawFn, teams: list[dict[str, Any]], total_gpus: int) 
     return cohorts
 
 
-def _model_keys(draw: st.DrawFn, team: dict[str, Any], model_gpus: dict[str, int]) -> None:
-    """`gpus.<MODEL>` keys for some of the models: a nominal, maybe a borrowing limit (in the
-    nominal map or alone) and a lending limit."""
+def _model_keys(
+    draw: st.DrawFn, team: dict[str, Any], model_gpus: dict[str, int], prefix: str = "gpus."
+) -> None:
+    """`gpus.<MODEL>` keys for some of the models (or, `prefix` "mig.", `mig.<profile>` keys
+    for some of the profiles, `model_gpus` then counting instances): a nominal, maybe a
+    borrowing limit (in the nominal map or alone) and a lending limit."""
     for model, gpus in sorted(model_gpus.items()):
         if not draw(st.booleans()):
             continue
-        key = f"gpus.{model}"
+        key = f"{prefix}{model}"
         nominal = draw(st.integers(0, gpus))
         if draw(st.integers(0, 3)):
             team["nominal"][key] = nominal
@@ -445,7 +454,12 @@ def scenarios(draw: st.DrawFn, any_topology: bool = False) -> Scenario:
     for n in spec["nodes"]:
         model = n.get("gpu_model", "gpu")
         model_gpus[model] = model_gpus.get(model, 0) + n["gpus"]
-    team_list = draw(team_specs(total, model_gpus))
+    mig_counts: dict[str, int] = {}
+    for n in spec["nodes"]:
+        for profiles in n.get("mig", {}).values():
+            for p in profiles:
+                mig_counts[p] = mig_counts.get(p, 0) + 1
+    team_list = draw(team_specs(total, model_gpus, mig_counts))
     cluster, teams = parse_cluster(spec), parse_teams(team_list)
     topologies = ["any"] if any_topology else ["any", "any", "gpu_group", "node", *cluster.levels]
     trace = draw(trace_jobs(cluster, teams, topologies))

@@ -21,11 +21,11 @@ from scheduling.admission import model_reach
 from scheduling.cluster import Cluster
 from scheduling.cohorts import reachable
 from scheduling.config import ConfigError, check_team_models, load_cluster, load_teams
-from scheduling.mig import profiles
+from scheduling.mig import profiles, share_of
 from scheduling.models import model_gpus
 from scheduling.policy import UnknownPolicyError
 from scheduling.policy_file import load_policy
-from scheduling.quota import Team, model_quotas
+from scheduling.quota import MIG_KEY, Team, model_quotas, quota_key
 from scheduling.resources import UNLIMITED, Resources
 from scheduling.simulator.baselines import POLICIES, get_policy
 from scheduling.simulator.trace import TraceFormatError, load_trace
@@ -146,7 +146,8 @@ def explain_tree(teams: Mapping[str, Team]) -> list[str]:
 
 def explain_models(team: Team, teams: Mapping[str, Team], cluster: Cluster) -> list[str]:
     """What the per-model quotas mean for a team, one line per governed model (one that some
-    team declares a `gpus.<MODEL>` key for), then the models it uses within its `gpus` alone."""
+    team declares a `gpus.<MODEL>` key for) or MIG profile (a `mig.<profile>` key: counted in
+    instances), then the models it uses within its `gpus` alone."""
     reach = model_reach(team, teams, cluster, preemptible=True)
     if not reach:
         return []
@@ -154,18 +155,29 @@ def explain_models(team: Team, teams: Mapping[str, Team], cluster: Cluster) -> l
     per_team, _ = model_quotas(teams, model_gpus(cluster))
     lines = []
     for m, q in per_team[team.name].items():
-        most = f"may hold up to {reach[m] / 1000:g} (with what the model's pool holds)"
+        key = quota_key(m)
+        most = f"may hold up to {reach[m] / 1000:g} (with what the key's pool holds)"
         if m not in own:
-            lines.append(f"gpus.{m}: no key of its own: borrows it from the pool; {most}")
+            lines.append(f"{key}: no key of its own: borrows it from the pool; {most}")
             continue
         borrow = "no limit" if q.borrowing_limit >= UNLIMITED else f"{q.borrowing_limit / 1000:g}"
         lines.append(
-            f"gpus.{m}: nominal {q.nominal / 1000:g}, borrowing_limit {borrow}, lends "
+            f"{key}: nominal {q.nominal / 1000:g}, borrowing_limit {borrow}, lends "
             f"{q.lends / 1000:g}: guaranteed {q.guaranteed / 1000:g}, {most}"
         )
     free = [m for m in cluster.models if m not in reach]
     if free:
         lines.append(f"{', '.join(free)}: no per-model limit, within its gpus")
+    # MIG instances also count in `gpus` by their compute share (decision 0024): a nominal
+    # of instances that its gpus nominal cannot cover is borrowed, and may be reclaimed.
+    share = sum(q.nominal // 1000 * share_of(q.model[len(MIG_KEY) :])
+                for q in team.models if q.model.startswith(MIG_KEY))  # fmt: skip
+    if share > team.nominal.gpu:
+        lines.append(
+            f"note: its mig.<profile> nominals come to {share / 1000:g} GPUs by compute share, "
+            f"more than its gpus nominal ({team.nominal.gpu / 1000:g}); instances count in "
+            "gpus too, so the rest would be borrowed: raise gpus to cover them"
+        )
     return lines
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from berth.spec import JobSpec
 from berth.store.schema import TERMINAL
 from scheduling.cluster import Cluster
-from scheduling.quota import ModelQuota
+from scheduling.quota import MIG_KEY, ModelQuota
 from scheduling.resources import GPU_UNIT, UNLIMITED, Resources
 
 
@@ -206,9 +206,11 @@ def model_rows(
 ) -> tuple[ModelUsage, ...]:
     """The team's rows of `Store.usage` per GPU model (`TeamUsage.models`), from the GPUs
     (milli) each (team, model) holds and its quotas of the governed models
-    (`quota.model_quotas`)."""
+    (`quota.model_quotas`); then a row per governed MIG profile (`mig.<profile>`, in
+    instances)."""
     rows = []
-    for model in cluster.models:
+    profiles = sorted(m for m in governed if m.startswith(MIG_KEY))
+    for model in (*cluster.models, *profiles):
         gpus = by_model.get((team, model), 0)
         q = governed.get(model)
         if q is None and not gpus:

@@ -58,6 +58,7 @@ from berth.store.aggregates import (
 )
 from plugins.berth_api.gpu_map import gpu_map, gpus_by_state
 from plugins.berth_api.source import StoreDep
+from scheduling.quota import quota_key
 
 GPUS = "gpus"  # the resource label, as quotas name it in teams.yaml
 UNEXAMINED = "unexamined"
@@ -137,10 +138,11 @@ def _quotas(usage: list[TeamUsage]) -> Iterator[Metric]:
             nominal.add_metric(key, u.nominal)
             if math.isfinite(u.ceiling):
                 borrowing.add_metric(key, u.ceiling - u.nominal)
-        # Per GPU model, the resource named as teams.yaml names its key (`gpus.H100`), as
-        # Kueue labels its quota metrics by flavor; a model no team has a key for: held only.
+        # Per GPU model, the resource named as teams.yaml names its key (`gpus.H100`,
+        # `mig.1g.10gb` in instances), as Kueue labels its quota metrics by flavor; a model no
+        # team has a key for: held only.
         for m in u.models:
-            key = [u.team, f"{GPUS}.{m.model}"]
+            key = [u.team, quota_key(m.model)]
             held.add_metric(key, m.gpus)
             if m.nominal is None:
                 continue

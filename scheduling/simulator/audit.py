@@ -234,7 +234,7 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
         if kind in _CYCLE:
             self.cycle.append((kind, job, str(ev.get("by")), delta))
             reps = self.alloc.get(job_id, []) if kind in _TAKES else held
-            self.cycle_models[kind, job_id] = self.models_of(reps)
+            self.cycle_models[kind, job_id] = self.models_of(reps, job)
             self.taking = kind in _TAKES
 
     # -- admit, hold, release ----------------------------------------------------------------

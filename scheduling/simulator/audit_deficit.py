@@ -87,7 +87,7 @@ class DeficitBound:
         rec.touched.update((i, g) for i, gpus, _ in self.alloc.get(jid, ()) for g in gpus)
         if state == "pending":
             rec.taken[job.team] = rec.taken.get(job.team, ZERO) + self.shape(job)[1]
-            for model, gpu in self.models_of(self.alloc.get(jid, ())).items():
+            for model, gpu in self.models_of(self.alloc.get(jid, ()), job).items():
                 key = (job.team, model)
                 rec.models_taken[key] = rec.models_taken.get(key, 0) + gpu
         if kind == "admit":
@@ -103,7 +103,7 @@ class DeficitBound:
             rec.cpu[i] = rec.cpu.get(i, 0) + r.cpu
             rec.mem[i] = rec.mem.get(i, 0) + r.mem
         rec.given[job.team] = rec.given.get(job.team, ZERO) + d
-        for model, gpu in self.models_of(self.alloc.get(jid, ())).items():
+        for model, gpu in self.models_of(self.alloc.get(jid, ()), job).items():
             rec.models[job.team, model] = rec.models.get((job.team, model), 0) + gpu
         if kind == "preempt":
             rec.lost[job.team] = max(rec.lost.get(job.team, job.priority), job.priority)

@@ -303,6 +303,10 @@ class RuleChecks:
             accepted = tuple(m for m in accepted if m not in reach_of or reach_of[m] >= demand.gpu)
             if not accepted:
                 return
+            # A MIG job's instances count in its profile's key (1000 each), if governed.
+            profile_key = f"mig.{job.mig_profile}" if job.mig_profile else None
+            if profile_key in reach_of and reach_of[profile_key] < GPU_UNIT * job.replicas:
+                return
         if not _fits_when_empty(self.cluster, job, accepted):
             return
         self.flag(
