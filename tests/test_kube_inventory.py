@@ -346,10 +346,14 @@ def test_the_admins_table_names_the_models_and_gives_their_speeds(kube: KubeAPI)
     s.node("hp", gpus=2, product="NVIDIA-H100-PCIe")
     s.node("a", gpus=4, product="NVIDIA-A100-SXM4-40GB")
     s.node("x", gpus=1, product=None)  # no feature discovery on it
+    # One product name, two memory sizes: the memory label tells them apart.
+    s.node("v16", gpus=4, product="Tesla-V100-PCIE", labels={"nvidia.com/gpu.memory": "16384"})
+    s.node("v32", gpus=4, product="Tesla-V100-PCIE", labels={"nvidia.com/gpu.memory": "32768"})
     labels = TopologyLabels(
-        gpu_models={"NVIDIA-H100-80GB-HBM3": "H100", "NVIDIA-H100-PCIe": "H100"},
+        gpu_models={"NVIDIA-H100-80GB-HBM3": "H100", "NVIDIA-H100-PCIe": "H100",
+                    "Tesla-V100-PCIE": "V100", "Tesla-V100-PCIE@32768": "V100-32"},
         gpu_speed={"H100": 2.5},
-    )
+    )  # fmt: skip
     cluster = discover_cluster(kube.core, labels, node_selector=s.selector).cluster
     models = {n.name: n.gpu_model for n in cluster.nodes}
     assert models == {
@@ -357,9 +361,13 @@ def test_the_admins_table_names_the_models_and_gives_their_speeds(kube: KubeAPI)
         s.names["hp"]: "H100",  # two products, one model: the admin's choice
         s.names["a"]: "NVIDIA-A100-SXM4-40GB",  # not in the table: the product itself
         s.names["x"]: "gpu",
+        s.names["v16"]: "V100",  # no entry for its memory: the product's
+        s.names["v32"]: "V100-32",  # the product with that memory
     }
     assert cluster.gpu_speed == {"H100": 2.5}
-    assert sorted(cluster.model_nodes) == ["H100", "NVIDIA-A100-SXM4-40GB", "gpu"]
+    assert sorted(cluster.model_nodes) == [
+        "H100", "NVIDIA-A100-SXM4-40GB", "V100", "V100-32", "gpu",
+    ]  # fmt: skip
     with pytest.raises(ValidationError, match=r"without '\|'"):
         TopologyLabels(gpu_models={"NVIDIA-A100": "A100|A"})
 

@@ -1,7 +1,8 @@
 """The cluster as Berth may use it, discovered from the Kubernetes API.
 
 Each node Berth may place on becomes a `scheduling.cluster.Node`: its allocatable GPUs (the
-device plugin's `nvidia.com/gpu`), GPU model (GPU feature discovery's `nvidia.com/gpu.product`),
+device plugin's `nvidia.com/gpu`), GPU model (GPU feature discovery's `nvidia.com/gpu.product`,
+and `nvidia.com/gpu.memory` where the admin's table tells memory sizes apart),
 allocatable CPUs and memory, its block and rack from configurable labels, and its GPU groups
 from an annotation (see `labels.TopologyLabels`). The product label's values become model names
 through the admin's table (`TopologyLabels.gpu_models`), and models get speeds (`gpu_speed`).
@@ -216,7 +217,9 @@ def _node(index: int, node: Any, labels: TopologyLabels) -> Node:
         index=index,
         name=meta.name,
         gpus=gpus,
-        gpu_model=labels.model_of(node_labels.get(labels.gpu_product)),
+        gpu_model=labels.model_of(
+            node_labels.get(labels.gpu_product), node_labels.get(labels.gpu_memory)
+        ),
         groups=groups,
         # What the scheduler may hand out, rounded down: never claim a fraction we cannot use.
         cpu=cpu_milli(allocatable.get("cpu"), round_up=False),

@@ -57,11 +57,16 @@ class TopologyLabels(_Strict):
     rack: LabelKey | None = "berth.io/rack"
     gpu_groups: LabelKey = "berth.io/gpu-groups"
     gpu_product: LabelKey = "nvidia.com/gpu.product"
+    gpu_memory: LabelKey = "nvidia.com/gpu.memory"  # MiB per GPU, as feature discovery says
     gpu_resource: LabelKey = "nvidia.com/gpu"
     # The admin's table from GPU feature discovery's product names to the model names that
     # teams' `gpus.<MODEL>` keys and jobs' `gpu_model` use, e.g. {NVIDIA-H100-80GB-HBM3: H100};
     # a product not in it is its own model name. Several products may map to one model (the
-    # PCIe and SXM cards of a generation, when the admin wants them as one).
+    # PCIe and SXM cards of a generation, when the admin wants them as one). A key
+    # `<product>@<MiB>` names a product with that much memory per GPU (the memory label), for
+    # products whose name does not tell their memory sizes apart, e.g.
+    # {Tesla-V100-PCIE@16384: V100-16, Tesla-V100-PCIE@32768: V100-32}; it wins over the
+    # product's own key.
     gpu_models: dict[str, str] = {}
     # Model (after the table) -> speed against 1.0, as cluster.yaml's gpu_speed.
     gpu_speed: dict[str, Annotated[float, Field(gt=0)]] = {}
@@ -77,10 +82,13 @@ class TopologyLabels(_Strict):
             )
         return v
 
-    def model_of(self, product: str | None) -> str:
-        """A node's GPU model from its product label (`gpu`: no label)."""
+    def model_of(self, product: str | None, memory: str | None = None) -> str:
+        """A node's GPU model from its product and memory labels (`gpu`: no product label):
+        the table's `<product>@<memory>` entry, else its product's, else the product."""
         if product is None:
             return "gpu"
+        if memory is not None and (named := self.gpu_models.get(f"{product}@{memory}")):
+            return named
         return self.gpu_models.get(product, product)
 
     @property
