@@ -139,15 +139,7 @@ class CycleRunner:
                 if version == mirror.version and not self._undecided:
                     return mirror.state.clone()
         with snapshot(self.engine) as conn:
-            return Mirror.load(
-                conn,
-                view.cluster,
-                self.teams,
-                self.policy,
-                held=view.held,
-                held_mig=view.held_mig,
-                live=self.live,
-            ).state
+            return self._load(conn, view).state
 
     def changed(self) -> bool:
         """Whether anything was committed since the last cycle (or there was none)."""
@@ -170,15 +162,7 @@ class CycleRunner:
                 except GapError:  # a cycle ran elsewhere: nothing to compare, build it again
                     self.mirror = None
                     return
-                fresh = Mirror.load(
-                    conn,
-                    view.cluster,
-                    self.teams,
-                    self.policy,
-                    held=view.held,
-                    held_mig=view.held_mig,
-                    live=self.live,
-                )
+                fresh = self._load(conn, view)
             mirror.check_against(fresh)
 
     def _caught_up(self, view: ClusterView) -> Mirror:
@@ -201,12 +185,9 @@ class CycleRunner:
         mirror.set_held(view.held, view.held_mig)
         return mirror
 
-    def _build(self, conn: Connection, view: ClusterView) -> Mirror:
-        # The state lives as long as the process: out of the collector's way once built
-        # (gc.freeze), after letting it collect the last one (gc.unfreeze).
-        gc.unfreeze()
-        self.mirror = None
-        mirror = Mirror.load(
+    def _load(self, conn: Connection, view: ClusterView) -> Mirror:
+        """A mirror built from the tables, on `view`'s cluster less what others hold there."""
+        return Mirror.load(
             conn,
             view.cluster,
             self.teams,
@@ -215,6 +196,13 @@ class CycleRunner:
             held_mig=view.held_mig,
             live=self.live,
         )
+
+    def _build(self, conn: Connection, view: ClusterView) -> Mirror:
+        # The state lives as long as the process: out of the collector's way once built
+        # (gc.freeze), after letting it collect the last one (gc.unfreeze).
+        gc.unfreeze()
+        self.mirror = None
+        mirror = self._load(conn, view)
         gc.freeze()
         self.mirror = mirror
         self.builds += 1
