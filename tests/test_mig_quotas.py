@@ -21,6 +21,7 @@ from scheduling.simulator.audit import audit, audit_or_raise
 from scheduling.simulator.baselines import POLICIES
 from scheduling.simulator.sim import simulate
 from scheduling.simulator.trace import TraceJob
+from scheduling.simulator.workloads import build
 
 M1 = "1g.10gb"  # CLUSTER has 9 of them (2 on m0's GPU 0, 7 on its GPU 1) and one 3g.40gb
 
@@ -190,3 +191,17 @@ def _spec(name: str) -> JobSpec:
         {"name": name, "team": "a", "image": "ghcr.io/o/t:1", "command": ["python", "t.py"],
          "mig_profile": M1}
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["berth", "kueue-tas"])
+def test_the_mig_family_replays_within_every_key(policy: str) -> None:
+    """The quality benchmark's `mig` workload (instances beside whole GPUs, profile keys for
+    the inference team), a short run of it, audited: every key kept, every reclaim of a
+    profile a reclaim, no instance given twice, every job finished."""
+    work = build("mig", 1, jobs=300)
+    result = simulate(work.cluster, work.teams, work.jobs, POLICIES[policy])
+    jobs = {j.job_id: j for j in work.jobs}
+    audit_or_raise(result.events, work.cluster, work.teams, POLICIES[policy], jobs)
+    assert {e["job"] for e in result.events if e["type"] == "finish"} == set(jobs)
+    assert {q.model for q in work.teams["serve"].models} == {"mig.1g.10gb", "mig.3g.40gb"}
+    assert sum(1 for j in work.jobs if j.mig_profile) >= 60

@@ -43,6 +43,7 @@ import numpy as np
 
 from scheduling.cluster import Cluster
 from scheduling.config import parse_cluster, parse_teams
+from scheduling.mig import share_of
 from scheduling.quota import Team
 from scheduling.resources import CPU_UNIT, GPU_UNIT
 from scheduling.simulator.sim import RESTART_COST_S
@@ -440,6 +441,51 @@ def _models_quota(rng: np.random.Generator, n: int) -> _Spec:
     return spec._replace(teams=teams)
 
 
+def _mig(rng: np.random.Generator, n: int) -> _Spec:
+    """A training cluster of 12 A100 nodes, 4 of them with their last two GPUs partitioned
+    (seven 1g.10gb, and two 3g.40gb), shared by two training teams and an inference team
+    (`serve`) whose notebooks and small fine-tunes ask for MIG instances: it declares
+    `mig.<profile>` keys for most of the instances and lends half of them; the training teams
+    declare none, so they borrow instances from the pools. A third of the jobs ask for an
+    instance per replica (mostly 1g.10gb), short; the rest are the mixed whole-GPU shapes."""
+    partitioned = {"mig": {6: ["1g.10gb"] * 7, 7: ["3g.40gb", "3g.40gb"]}}
+    pool = {"gpus": 8, "gpu_groups": 2, "cpus": 64, "memory_gb": 512, "nodes_per_rack": 4,
+            "gpu_model": "A100"}  # fmt: skip
+    cluster = {
+        "name": "mig-96",
+        "topology_levels": ["rack"],
+        "node_pools": [
+            {"prefix": "w", "count": 8, **pool},
+            {"prefix": "m", "count": 4, **pool, **partitioned},
+        ],
+    }
+    nominal = {"train-a": 40, "train-b": 36, "serve": 12}
+    teams = _teams(nominal)
+    for t in teams:
+        if t["name"] == "serve":
+            t["nominal"].update({"mig.1g.10gb": 24, "mig.3g.40gb": 6})
+            t["lending_limit"] = {"mig.1g.10gb": 12, "mig.3g.40gb": 3}
+    who = _pick(rng, list(nominal), [0.4, 0.35, 0.25], n)
+    asks_mig = rng.random(n) < np.where(np.array(who) == "serve", 0.8, 0.15)
+    profiles = _pick(rng, ["1g.10gb", "3g.40gb"], [0.75, 0.25], n)
+    mig_replicas = _pick(rng, [1, 2, 4], [0.7, 0.2, 0.1], n)
+    shapes = _pick(rng, _MIXED, _MIXED_P, n)
+    long = _durations(rng, n, HOUR_S, 1.0)
+    short = _durations(rng, n, 20 * 60, 0.8)
+    drafts = []
+    for i, at in enumerate(_poisson(rng, n)):
+        if asks_mig[i]:
+            share = share_of(profiles[i]) / GPU_UNIT
+            drafts.append(_draft(at, who[i], mig_replicas[i], share, short[i],
+                                 mig_profile=profiles[i],
+                                 cpus_per_replica=4.0))  # fmt: skip
+            continue
+        replicas, gpus, topology = shapes[i]
+        drafts.append(_draft(at, who[i], replicas, gpus, long[i], topology=topology,
+                             cpus_per_replica=4.0 * gpus))  # fmt: skip
+    return _Spec(cluster, teams, drafts)
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -474,6 +520,13 @@ FAMILIES: dict[str, Family] = {
             (0.9, 1.2),
             like="models",
             default=False,  # run on its own: bench/results/quality-models-quota.*
+        ),
+        Family(
+            "mig",
+            "MIG instances beside whole GPUs, under mig.<profile> keys",
+            _mig,
+            (0.9, 1.2),
+            default=False,  # run on its own: bench/results/quality-mig.*
         ),
         Family(
             "departments",
