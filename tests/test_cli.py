@@ -186,14 +186,15 @@ def test_check_shows_the_organization_tree_and_where_each_team_sits(tmp_path):
 
 
 def _preempting_inputs(tmp_path: Path) -> list[str]:
-    """a and b take 4 of 6 GPUs; p (3 GPUs, priority 2) preempts b at 601; b is back at 701."""
+    """a and b take 4 of 6 GPUs; p (3 GPUs, priority 2) preempts b (priority 0, below a's 1:
+    the cheaper loss) at 601; b is back at 701."""
     (tmp_path / "cluster.yaml").write_text(
         "name: two\nnodes:\n  - {name: n0, gpus: 3}\n  - {name: n1, gpus: 3}\n"
     )
     (tmp_path / "teams.yaml").write_text("teams:\n  - {name: t, nominal: {gpus: 6}}\n")
     (tmp_path / "jobs.csv").write_text(
         "job_id,submit_time,team,replicas,gpus_per_replica,duration,priority\n"
-        "a,0,t,1,2,3000,0\nb,0,t,1,2,3000,0\np,1,t,1,3,100,2\n"
+        "a,0,t,1,2,3000,1\nb,0,t,1,2,3000,0\np,1,t,1,3,100,2\n"
     )
     return [
         "simulate",
