@@ -68,6 +68,7 @@ from berth.store.views import (
     JobStatus,
     TeamUsage,
     UnsupportedPolicyError,
+    add_models,
     gpus_of,
     model_rows,
     status_from_row,
@@ -76,8 +77,8 @@ from berth.store.wakeup import listen
 from scheduling.cluster import Cluster
 from scheduling.models import model_gpus
 from scheduling.policy import Policy, foreign_strategies, get_policy
-from scheduling.quota import MIG_KEY, Team, model_quotas
-from scheduling.resources import GPU_UNIT, Resources
+from scheduling.quota import Team, model_quotas
+from scheduling.resources import Resources
 
 DEFAULT_LEASE_S = 300.0  # a worker silent this long is presumed dead (reap)
 
@@ -420,7 +421,6 @@ class Store:
         stopping = dict(held)
         queued = dict(held)
         running = dict(held)
-        model_of = {n.name: n.gpu_model for n in cluster.nodes}
         by_model: dict[tuple[str, str], int] = {}
         with reading(self.engine) as conn:
             for team, state, gpu, replicas, placement in conn.execute(q):
@@ -429,14 +429,7 @@ class Store:
                 if state in HOLDING:
                     held[team] += gpu * replicas
                     running[team] += 1
-                    for rep in placement or ():
-                        key = (team, model_of.get(rep["node"], "?"))
-                        got = rep.get("share") or GPU_UNIT * len(rep["gpus"])
-                        by_model[key] = by_model.get(key, 0) + got
-                        profile = _profile_of(cluster, rep)
-                        if profile is not None:  # a MIG instance: its profile's key too
-                            key = (team, MIG_KEY + profile)
-                            by_model[key] = by_model.get(key, 0) + GPU_UNIT
+                    add_models(by_model, team, placement or (), cluster)
                 elif state == PREEMPTING:
                     stopping[team] += gpu * replicas
                 else:
@@ -457,14 +450,6 @@ class Store:
             )
             for name, t in self.teams.items()
         }
-
-
-def _profile_of(cluster: Cluster, rep: Mapping[str, Any]) -> str | None:
-    """The MIG profile of a placed replica's instance (placement JSON), or None."""
-    k, node = rep.get("instance", -1), cluster.by_name.get(rep["node"])
-    if node is None or not isinstance(k, int) or not 0 <= k < len(node.mig):
-        return None
-    return node.mig[k][1]
 
 
 def _now(now: float | None) -> float:

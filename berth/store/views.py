@@ -6,13 +6,15 @@ pages, on-call scripts) never hold a database row or a session.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from berth.spec import JobSpec
 from berth.store.schema import TERMINAL
 from scheduling.cluster import Cluster
+from scheduling.jobs import ReplicaPlacement
+from scheduling.models import gpus_by_model
 from scheduling.quota import MIG_KEY, ModelQuota
 from scheduling.resources import GPU_UNIT, UNLIMITED, Resources
 
@@ -196,6 +198,30 @@ def status_from_row(row: Mapping[str, Any], position: int | None = None) -> JobS
         finished_at=row["finished_at"],
         not_before=row["not_before"],
     )
+
+
+def add_models(
+    by_model: dict[tuple[str, str], int],
+    team: str,
+    placement: Iterable[Mapping[str, Any]],
+    cluster: Cluster,
+) -> None:
+    """Add one running job's GPUs per model, and instances per MIG profile, to `by_model`
+    ((team, model) -> milli), as the engine's per-model quotas count them
+    (`models.gpus_by_model`); a replica on a node the cluster no longer has counts under "?"."""
+    reps = []
+    for rep in placement:
+        node = cluster.by_name.get(rep["node"])
+        share = rep.get("share") or 0
+        if node is None:
+            key = (team, "?")
+            by_model[key] = by_model.get(key, 0) + (share or GPU_UNIT * len(rep["gpus"]))
+            continue
+        k = rep.get("instance", -1)
+        k = k if isinstance(k, int) and 0 <= k < len(node.mig) else -1
+        reps.append(ReplicaPlacement(node.index, tuple(rep["gpus"]), share, k))
+    for model, got in gpus_by_model(cluster, reps).items():
+        by_model[team, model] = by_model.get((team, model), 0) + got
 
 
 def model_rows(
