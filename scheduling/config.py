@@ -26,7 +26,6 @@ from scheduling.cluster import (
 )
 from scheduling.cohorts import Cohort
 from scheduling.mig import partitions, profile_problem
-from scheduling.mig import profiles as mig_profiles
 from scheduling.quota import MIG_KEY, ModelQuota, Team, quota_key
 from scheduling.resources import UNLIMITED, ZERO, Resources
 
@@ -438,33 +437,6 @@ def _model_quotas(t: TeamSpec) -> tuple[ModelQuota, ...]:
             )
         out.append(q)
     return tuple(out)
-
-
-def check_team_models(cluster: Cluster, teams: Mapping[str, Team]) -> None:
-    """Every `gpus.<MODEL>` key names a model the cluster has, and every `mig.<profile>` key a
-    profile some node is partitioned into (a typo would otherwise make a quota that nothing
-    ever uses, or forbid a model the team meant to allow)."""
-    known = set(cluster.models)
-    partitioned = {MIG_KEY + p for p in mig_profiles(cluster)}
-    for t in teams.values():
-        unknown = sorted(
-            q.model
-            for q in t.models
-            if q.model not in (partitioned if q.model.startswith(MIG_KEY) else known)
-        )
-        gpu_models = [m for m in unknown if not m.startswith(MIG_KEY)]
-        if gpu_models:
-            raise ConfigError(
-                f"team {t.name}: no node has GPU model {', '.join(gpu_models)} (keys "
-                f"{', '.join('gpus.' + m for m in gpu_models)}); the cluster's models are "
-                f"{', '.join(sorted(known))}: fix the key or the nodes' gpu_model"
-            )
-        if unknown:
-            have = ", ".join(sorted(p[len(MIG_KEY) :] for p in partitioned)) or "none"
-            raise ConfigError(
-                f"team {t.name}: no node has MIG instances of {', '.join(unknown)}; the "
-                f"cluster's profiles are {have}: fix the key or the nodes' mig partitions"
-            )
 
 
 def read_yaml(path: Path) -> Any:

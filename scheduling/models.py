@@ -13,12 +13,14 @@ are hidden (`Capacity.only`); a cluster of one model, the common case, takes non
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 
 from scheduling.cluster import Cluster
+from scheduling.config import ConfigError
 from scheduling.jobs import Job, ReplicaPlacement
-from scheduling.quota import MIG_KEY
+from scheduling.mig import profiles as mig_profiles
+from scheduling.quota import MIG_KEY, Team
 
 
 def node_sets(
@@ -114,3 +116,30 @@ def key_amount(job: Job, key: str) -> int:
     if key.startswith(MIG_KEY):
         return 1000 * job.replicas if key == mig_key(job) else 0
     return job.demand.gpu
+
+
+def check_team_models(cluster: Cluster, teams: Mapping[str, Team]) -> None:
+    """Every `gpus.<MODEL>` key names a model the cluster has, and every `mig.<profile>` key a
+    profile some node is partitioned into (a typo would otherwise make a quota that nothing
+    ever uses, or forbid a model the team meant to allow)."""
+    known = set(cluster.models)
+    partitioned = {MIG_KEY + p for p in mig_profiles(cluster)}
+    for t in teams.values():
+        unknown = sorted(
+            q.model
+            for q in t.models
+            if q.model not in (partitioned if q.model.startswith(MIG_KEY) else known)
+        )
+        gpu_models = [m for m in unknown if not m.startswith(MIG_KEY)]
+        if gpu_models:
+            raise ConfigError(
+                f"team {t.name}: no node has GPU model {', '.join(gpu_models)} (keys "
+                f"{', '.join('gpus.' + m for m in gpu_models)}); the cluster's models are "
+                f"{', '.join(sorted(known))}: fix the key or the nodes' gpu_model"
+            )
+        if unknown:
+            have = ", ".join(sorted(p[len(MIG_KEY) :] for p in partitioned)) or "none"
+            raise ConfigError(
+                f"team {t.name}: no node has MIG instances of {', '.join(unknown)}; the "
+                f"cluster's profiles are {have}: fix the key or the nodes' mig partitions"
+            )

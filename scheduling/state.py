@@ -17,10 +17,9 @@ from sortedcontainers import SortedKeyList
 
 from scheduling.capacity import Capacity
 from scheduling.cluster import Cluster
-from scheduling.config import check_team_models
 from scheduling.decisions import CycleResult, Reservation
 from scheduling.jobs import RESTARTED, Hold, Job, Pending, Placement, Running, clock_order
-from scheduling.models import gpus_by_model, model_gpus
+from scheduling.models import check_team_models, gpus_by_model, model_gpus
 from scheduling.policy import Policy
 from scheduling.quota import QuotaLedger, Team
 from scheduling.run_times import RunTimes

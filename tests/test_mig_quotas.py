@@ -16,7 +16,8 @@ from berth.cli import app
 from berth.spec import JobSpec, parse_spec
 from berth.store import Store
 from scheduling.admission import check_job
-from scheduling.config import ConfigError, check_team_models, parse_teams
+from scheduling.config import ConfigError, parse_teams
+from scheduling.models import check_team_models
 from scheduling.simulator.audit import audit, audit_or_raise
 from scheduling.simulator.baselines import POLICIES
 from scheduling.simulator.sim import simulate
@@ -85,9 +86,9 @@ def test_a_team_stays_within_its_profiles_ceiling() -> None:
     reason = result.pending["a2"]
     assert reason.resource == "mig.1g.10gb" and "borrowing_limit" in reason.message
     assert w.state.quota.model_usage[("a", "mig.1g.10gb")] == 2000
-    # Whole GPUs are not the key's business.
-    assert check_job(mig_job("three", "a", 3, M1), CLUSTER, teams) is not None
+    # Three instances at once its key can never hold: refused at submission, naming the field.
     rejected = check_job(mig_job("three", "a", 3, M1), CLUSTER, teams)
+    assert rejected is not None
     assert rejected.field == "mig_profile" and "at most 2 (mig.1g.10gb" in rejected.message
 
 

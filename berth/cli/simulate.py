@@ -20,9 +20,9 @@ from rich.table import Table
 from scheduling.admission import model_reach
 from scheduling.cluster import Cluster
 from scheduling.cohorts import reachable
-from scheduling.config import ConfigError, check_team_models, load_cluster, load_teams
+from scheduling.config import ConfigError, load_cluster, load_teams
 from scheduling.mig import profiles, share_of
-from scheduling.models import model_gpus
+from scheduling.models import check_team_models, model_gpus
 from scheduling.policy import UnknownPolicyError
 from scheduling.policy_file import load_policy
 from scheduling.quota import MIG_KEY, Team, model_quotas, quota_key
