@@ -15,13 +15,19 @@ here stresses one thing the trace does not:
   heavily before it comes;
 - `long-short`: heavy-tailed durations, mostly minutes, a few multi-day jobs;
 - `gangs-limits`: the jobs of `gangs` (the same seed gives the same jobs), each with a time
-  limit as users give them (`_time_limits`): what EASY backfill around reservations buys,
-  the workload held fixed;
+  limit as users give them (`workload_kit.time_limits`): what EASY backfill around
+  reservations buys, the workload held fixed;
 - `departments` (not in the default set): two departments of two teams each, one keeping
   most of its quota inside, the other with a borrowing limit, and a team at the root
   (docs/decisions/0023);
 - `models`: three GPU generations of different speeds (H100 2x, A100 1x, V100 0.5x), a third of
-  the jobs restricted to the models they need (docs/decisions/0022).
+  the jobs restricted to the models they need (docs/decisions/0022);
+- `models-quota` (not in the default set): the `models` jobs under per-model quotas;
+- `mig` (not in the default set): MIG instances beside whole GPUs, under `mig.<profile>` keys
+  (docs/decisions/0024).
+
+How jobs are drawn (drafts, the span the load sets, time limits, shared draws) is in
+`workload_kit.py`.
 
 Every family returns a `Workload` (cluster, teams, jobs) built through the project's own
 config parsers, so a family is exactly what `berth simulate` would read. Jobs are valid for
@@ -33,35 +39,20 @@ held-out seeds do not all sit at one load.
 
 from __future__ import annotations
 
-import math
 import zlib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from scheduling.cluster import Cluster
-from scheduling.config import parse_cluster, parse_teams
 from scheduling.mig import share_of
-from scheduling.quota import Team
-from scheduling.resources import CPU_UNIT, GPU_UNIT
-from scheduling.simulator.sim import RESTART_COST_S
-from scheduling.simulator.trace import TraceJob
+from scheduling.resources import GPU_UNIT
+from scheduling.simulator import workload_kit as kit
+from scheduling.simulator.workload_kit import DAY_S, HOUR_S, Shape, Workload, offered_load
 
 __all__ = ["DEFAULT_JOBS", "FAMILIES", "Family", "Workload", "build", "offered_load"]
 
 DEFAULT_JOBS = 2000
-HOUR_S = 3600.0
-DAY_S = 86_400.0
-
-
-class Workload(NamedTuple):
-    """What `berth simulate` reads: the cluster, the teams by name, the jobs by submit time."""
-
-    cluster: Cluster
-    teams: dict[str, Team]
-    jobs: list[TraceJob]
 
 
 @dataclass(frozen=True)
@@ -70,10 +61,10 @@ class Family:
 
     name: str
     claim: str
-    make: Callable[[np.random.Generator, int], _Spec]
+    make: Callable[[np.random.Generator, int], kit.Spec]
     load: tuple[float, float]  # the offered load is drawn from this range per seed
     like: str | None = None  # the family whose seeds it shares: the same jobs, other limits
-    limits: bool = False  # every job gives a time limit (`_time_limits`)
+    limits: bool = False  # every job gives a time limit (`kit.time_limits`)
     default: bool = True  # in the quality benchmark's default set (bench/quality.py)
 
     def build(self, seed: int, jobs: int = DEFAULT_JOBS) -> Workload:
@@ -82,145 +73,14 @@ class Family:
             raise ValueError(f"a workload needs at least 10 jobs, got {jobs}")
         rng = np.random.default_rng([zlib.crc32((self.like or self.name).encode()), seed])
         cluster, teams, drafts = self.make(rng, jobs)
-        work = _finish(self.like or self.name, rng, cluster, teams, drafts, self.load)
+        work = kit.finish(self.like or self.name, rng, cluster, teams, drafts, self.load)
         if not self.limits:
             return work
         limits = np.random.default_rng([zlib.crc32(b"time limits"), seed])
-        return work._replace(jobs=_time_limits(limits, work.cluster, work.jobs))
+        return work._replace(jobs=kit.time_limits(limits, work.cluster, work.jobs))
 
 
-def offered_load(cluster: Cluster, jobs: Sequence[TraceJob]) -> dict[str, float]:
-    """Work asked for / capacity over the arrival span, per resource and dominant.
-
-    GPU load = sum of GPUs x duration / (cluster GPUs x span), CPU load likewise; `dominant`
-    counts each job by its larger share of the two (DRF's dominant resource), which is what
-    binds. The span runs from the first submission to the last.
-    """
-    span = max(j.submit_time for j in jobs) - min(j.submit_time for j in jobs)
-    if span <= 0:
-        return {"gpu": math.inf, "cpu": math.inf, "dominant": math.inf}
-    gpu, cpu = _shares(cluster, jobs)
-    return {
-        "gpu": float(gpu.sum() / span),
-        "cpu": float(cpu.sum() / span),
-        "dominant": float(np.maximum(gpu, cpu).sum() / span),
-    }
-
-
-def _shares(cluster: Cluster, jobs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Per job, duration x its share of the cluster's GPUs, and of its CPUs (seconds)."""
-    total = cluster.total
-    gpus, cpus = total.gpu / GPU_UNIT, total.cpu / CPU_UNIT
-    gpu = np.array([j.replicas * j.gpus_per_replica * j.duration for j in jobs]) / gpus
-    cpu = np.array([j.replicas * j.cpus_per_replica * j.duration for j in jobs])
-    return gpu, cpu / cpus if cpus else np.zeros_like(cpu)
-
-
-def _draft(
-    at: float, team: str, replicas: int, gpus: float, duration: float, **kw: Any
-) -> TraceJob:
-    """A job before its submit time is known: `submit_time` holds its place `at` in [0, 1] of
-    the span until the family's load sets the span (`_workload`)."""
-    return TraceJob("", at, team, replicas, gpus, duration, **kw)
-
-
-class _Spec(NamedTuple):
-    """A family's output before the load is set: cluster.yaml and teams.yaml as data (the
-    teams' list, or a mapping with `teams` and `cohorts`), drafts."""
-
-    cluster: dict[str, Any]
-    teams: list[dict[str, Any]] | dict[str, Any]
-    drafts: list[TraceJob]
-
-
-def _finish(
-    name: str,
-    rng: np.random.Generator,
-    cluster_spec: Mapping[str, Any],
-    teams_spec: list[dict[str, Any]] | dict[str, Any],
-    drafts: list[TraceJob],
-    load_range: tuple[float, float],
-) -> Workload:
-    """Scale the drafts' places in [0, 1] to the span that gives the drawn offered load."""
-    cluster = parse_cluster(dict(cluster_spec), f"{name}/cluster")
-    teams = parse_teams(teams_spec, f"{name}/teams")
-    work = float(np.maximum(*_shares(cluster, drafts)).sum())
-    load = float(rng.uniform(*load_range))
-    lo, hi = min(d.submit_time for d in drafts), max(d.submit_time for d in drafts)
-    span = work / load
-    drafts = sorted(drafts, key=lambda d: d.submit_time)
-    jobs = [
-        replace(
-            d,
-            job_id=f"{name}-{i:05d}",
-            submit_time=float(round((d.submit_time - lo) / (hi - lo) * span)),
-            replicas=int(d.replicas),
-            gpus_per_replica=float(d.gpus_per_replica),
-            duration=float(d.duration),
-            cpus_per_replica=float(d.cpus_per_replica),
-            memory_gb_per_replica=float(d.memory_gb_per_replica),
-        )
-        for i, d in enumerate(drafts)
-    ]
-    return Workload(cluster, teams, jobs)
-
-
-# Time limits as users pick them: round numbers, from 15 minutes to a week.
-_LIMITS_S = np.array([0.25, 0.5, 1, 2, 3, 4, 6, 8, 12, 16, 24, 36, 48, 72, 96, 120, 168]) * HOUR_S
-
-
-def _time_limits(
-    rng: np.random.Generator, cluster: Cluster, jobs: Sequence[TraceJob]
-) -> list[TraceJob]:
-    """Each job with a time limit: its run time at the slowest placement (restart included)
-    times an overestimate (log-normal, median 2x: users ask for more than they need, often
-    much more), rounded up to the next round number. No job runs into its limit."""
-    worst = max([1.0, *(float(s) for s in cluster.slowdown.values())])
-    over = 1.0 + rng.lognormal(0.0, 0.8, len(jobs))
-    need = np.array([(j.duration + RESTART_COST_S) * worst for j in jobs]) * over
-    at = np.minimum(np.searchsorted(_LIMITS_S, need), len(_LIMITS_S) - 1)
-    limits = np.maximum(_LIMITS_S[at], need)  # past a week: the need itself
-    return [replace(j, time_limit_s=float(lim)) for j, lim in zip(jobs, limits, strict=True)]
-
-
-def _poisson(rng: np.random.Generator, n: int) -> np.ndarray:
-    """n arrival places of a Poisson process, scaled to [0, 1]."""
-    times = np.cumsum(rng.exponential(1.0, n))
-    return (times - times[0]) / (times[-1] - times[0])
-
-
-def _durations(rng: np.random.Generator, n: int, median_s: float, sigma: float) -> np.ndarray:
-    """Log-normal run times in whole seconds, at least 30 s."""
-    return np.maximum(30.0, np.round(rng.lognormal(math.log(median_s), sigma, n)))
-
-
-def _pick(rng: np.random.Generator, choices: Sequence[Any], p: Sequence[float], n: int) -> list:
-    index = rng.choice(len(choices), size=n, p=np.asarray(p) / sum(p))
-    return [choices[i] for i in index]
-
-
-def _teams(nominal: Mapping[str, float], cpus: Mapping[str, float] | None = None) -> list[dict]:
-    out = []
-    for team, gpus in nominal.items():
-        quota: dict[str, float] = {"gpus": gpus}
-        if cpus is not None:
-            quota["cpus"] = cpus[team]
-        out.append({"name": team, "nominal": quota})
-    return out
-
-
-def _pool(name: str, nodes: int, **extra: Any) -> dict[str, Any]:
-    """cluster.yaml of `nodes` 8-GPU nodes (two NVLink islands) in racks of 4 nodes."""
-    pool = {"prefix": name, "count": nodes, "gpus": 8, "gpu_groups": 2, "cpus": 64,
-            "memory_gb": 512, "nodes_per_rack": 4, **extra}  # fmt: skip
-    return {"name": f"{name}-{nodes * 8}", "topology_levels": ["rack"], "node_pools": [pool]}
-
-
-# (replicas, GPUs per replica, topology)
-Shape = tuple[int, float, str]
-
-
-def _fractional(rng: np.random.Generator, n: int) -> _Spec:
+def _fractional(rng: np.random.Generator, n: int) -> kit.Spec:
     cluster = {
         "name": "fractional-32",
         "node_pools": [
@@ -229,45 +89,47 @@ def _fractional(rng: np.random.Generator, n: int) -> _Spec:
     }
     nominal = {"alpha": 12, "beta": 10, "gamma": 10}
     cpus = {t: 4 * g for t, g in nominal.items()}  # the nodes' 4 CPUs per GPU
-    teams = _pick(rng, list(nominal), [0.4, 0.3, 0.3], n)
+    teams = kit.pick(rng, list(nominal), [0.4, 0.3, 0.3], n)
     shared = rng.random(n) < 0.4
-    shares = _pick(rng, [0.25, 0.5], [0.5, 0.5], n)
-    whole = _pick(rng, [1, 2, 4], [0.6, 0.3, 0.1], n)
+    shares = kit.pick(rng, [0.25, 0.5], [0.5, 0.5], n)
+    whole = kit.pick(rng, [1, 2, 4], [0.6, 0.3, 0.1], n)
     per_gpu = rng.integers(3, 7, n)  # CPUs per whole GPU: 3-6 against the nodes' 4
     share_cpus = rng.integers(2, 5, n)  # 2-4 CPUs for a quarter or half GPU
-    durations = _durations(rng, n, 30 * 60, 1.0)
+    durations = kit.durations(rng, n, 30 * 60, 1.0)
     drafts = []
-    for i, at in enumerate(_poisson(rng, n)):
+    for i, at in enumerate(kit.poisson(rng, n)):
         if shared[i]:
             gpus, cpu, mem = shares[i], float(share_cpus[i]), 8.0
         else:
             gpus = whole[i]
             cpu, mem = float(min(16, gpus * per_gpu[i])), 16.0 * gpus
-        drafts.append(_draft(at, teams[i], 1, gpus, durations[i], cpus_per_replica=cpu,
+        drafts.append(kit.draft(at, teams[i], 1, gpus, durations[i], cpus_per_replica=cpu,
                              memory_gb_per_replica=mem))  # fmt: skip
-    return _Spec(cluster, _teams(nominal, cpus), drafts)
+    return kit.Spec(cluster, kit.teams_of(nominal, cpus), drafts)
 
 
-def _gangs(rng: np.random.Generator, n: int) -> _Spec:
-    cluster = _pool("g", 32, racks_per_block=4, cpus=96)
+def _gangs(rng: np.random.Generator, n: int) -> kit.Spec:
+    cluster = kit.pool("g", 32, racks_per_block=4, cpus=96)
     cluster["topology_levels"] = ["block", "rack"]  # racks of 32 GPUs, blocks of 128
     nominal = {"llm": 64, "vision": 64, "speech": 64, "rl": 64}
     gangs: list[Shape] = [(2, 4, "node"), (2, 8, "rack"), (4, 4, "rack"), (4, 8, "rack"),
                           (8, 8, "block")]  # fmt: skip
     small: list[Shape] = [(1, 1, "any"), (1, 2, "gpu_group"), (1, 4, "gpu_group")]
     is_gang = rng.random(n) < 0.55
-    gang_shapes = _pick(rng, gangs, [0.2, 0.3, 0.1, 0.25, 0.15], n)
-    small_shapes = _pick(rng, small, [0.6, 0.25, 0.15], n)
-    teams = _pick(rng, list(nominal), [1, 1, 1, 1], n)
-    long_runs = _durations(rng, n, 2 * HOUR_S, 1.0)
-    short_runs = _durations(rng, n, 30 * 60, 1.0)
+    gang_shapes = kit.pick(rng, gangs, [0.2, 0.3, 0.1, 0.25, 0.15], n)
+    small_shapes = kit.pick(rng, small, [0.6, 0.25, 0.15], n)
+    teams = kit.pick(rng, list(nominal), [1, 1, 1, 1], n)
+    long_runs = kit.durations(rng, n, 2 * HOUR_S, 1.0)
+    short_runs = kit.durations(rng, n, 30 * 60, 1.0)
     drafts = []
-    for i, at in enumerate(_poisson(rng, n)):
+    for i, at in enumerate(kit.poisson(rng, n)):
         replicas, gpus, topology = gang_shapes[i] if is_gang[i] else small_shapes[i]
         duration = long_runs[i] if is_gang[i] else short_runs[i]
         per_gpu = {"cpus_per_replica": 4.0 * gpus, "memory_gb_per_replica": 32.0 * gpus}
-        drafts.append(_draft(at, teams[i], replicas, gpus, duration, topology=topology, **per_gpu))
-    return _Spec(cluster, _teams(nominal), drafts)
+        drafts.append(
+            kit.draft(at, teams[i], replicas, gpus, duration, topology=topology, **per_gpu)
+        )
+    return kit.Spec(cluster, kit.teams_of(nominal), drafts)
 
 
 _MIXED: list[Shape] = [(1, 1, "any"), (1, 2, "any"), (1, 4, "any"), (1, 8, "node"),
@@ -275,7 +137,7 @@ _MIXED: list[Shape] = [(1, 1, "any"), (1, 2, "any"), (1, 4, "any"), (1, 8, "node
 _MIXED_P = [0.45, 0.15, 0.15, 0.15, 0.07, 0.03]
 
 
-def _priorities(rng: np.random.Generator, n: int) -> _Spec:
+def _priorities(rng: np.random.Generator, n: int) -> kit.Spec:
     nominal = {"prod": 32, "research": 32, "interns": 32, "platform": 32}
     # Each team uses every level, in its own proportions: prod runs more urgent work.
     levels = {
@@ -284,69 +146,69 @@ def _priorities(rng: np.random.Generator, n: int) -> _Spec:
         "interns": [0.7, 0.2, 0.1, 0.0],
         "platform": [0.4, 0.3, 0.2, 0.1],
     }
-    teams = _pick(rng, list(nominal), [1, 1, 1, 1], n)
-    shapes = _pick(rng, _MIXED, _MIXED_P, n)
+    teams = kit.pick(rng, list(nominal), [1, 1, 1, 1], n)
+    shapes = kit.pick(rng, _MIXED, _MIXED_P, n)
     pinned = rng.random(n) < 0.15
-    durations = _durations(rng, n, HOUR_S, 1.1)
+    durations = kit.durations(rng, n, HOUR_S, 1.1)
     drafts = []
-    for i, at in enumerate(_poisson(rng, n)):
+    for i, at in enumerate(kit.poisson(rng, n)):
         team = teams[i]
         replicas, gpus, topology = shapes[i]
         priority = int(rng.choice(4, p=levels[team]))
         # A non-preemptible job may not borrow: it must fit within its team's nominal.
         preemptible = not (pinned[i] and replicas * gpus <= 8)
-        drafts.append(_draft(at, team, replicas, gpus, durations[i], priority=priority,
+        drafts.append(kit.draft(at, team, replicas, gpus, durations[i], priority=priority,
                              topology=topology, preemptible=preemptible))  # fmt: skip
-    return _Spec(_pool("p", 16), _teams(nominal), drafts)
+    return kit.Spec(kit.pool("p", 16), kit.teams_of(nominal), drafts)
 
 
-def _bursty(rng: np.random.Generator, n: int) -> _Spec:
+def _bursty(rng: np.random.Generator, n: int) -> kit.Spec:
     nominal = {"nlp": 32, "cv": 32, "recsys": 32, "audio": 32}
     bursts, on = 8, 0.25  # per period: on a quarter of the time, then off
     team_names = list(nominal)
-    teams = _pick(rng, team_names, [1, 1, 1, 1], n)
+    teams = kit.pick(rng, team_names, [1, 1, 1, 1], n)
     lag = {t: rng.uniform(0.0, 0.1) for t in team_names}  # teams slightly out of step
-    shapes = _pick(rng, _MIXED, [0.6, 0.15, 0.12, 0.08, 0.04, 0.01], n)
-    durations = _durations(rng, n, HOUR_S, 1.2)
+    shapes = kit.pick(rng, _MIXED, [0.6, 0.15, 0.12, 0.08, 0.04, 0.01], n)
+    durations = kit.durations(rng, n, HOUR_S, 1.2)
     period = rng.integers(0, bursts, n)
     within = rng.uniform(0.0, on, n)
     drafts = []
     for i in range(n):
         at = (period[i] + lag[teams[i]] + within[i]) / bursts
         replicas, gpus, topology = shapes[i]
-        drafts.append(_draft(at, teams[i], replicas, gpus, durations[i], topology=topology))
-    return _Spec(_pool("b", 16), _teams(nominal), drafts)
+        drafts.append(kit.draft(at, teams[i], replicas, gpus, durations[i], topology=topology))
+    return kit.Spec(kit.pool("b", 16), kit.teams_of(nominal), drafts)
 
 
-def _skewed(rng: np.random.Generator, n: int) -> _Spec:
+def _skewed(rng: np.random.Generator, n: int) -> kit.Spec:
     nominal = {"core": 96, "a": 8, "b": 8, "c": 8, "d": 8}
     small = ["a", "b", "c", "d"]
     core = rng.random(n) < 0.3
-    small_teams = _pick(rng, small, [1, 1, 1, 1], n)
-    small_shapes = _pick(rng, _MIXED[:5], [0.5, 0.2, 0.15, 0.1, 0.05], n)
-    core_shapes = _pick(rng, _MIXED, [0.3, 0.15, 0.2, 0.2, 0.1, 0.05], n)
-    durations = _durations(rng, n, HOUR_S, 1.0)
+    small_teams = kit.pick(rng, small, [1, 1, 1, 1], n)
+    small_shapes = kit.pick(rng, _MIXED[:5], [0.5, 0.2, 0.15, 0.1, 0.05], n)
+    core_shapes = kit.pick(rng, _MIXED, [0.3, 0.15, 0.2, 0.2, 0.1, 0.05], n)
+    durations = kit.durations(rng, n, HOUR_S, 1.0)
     # The small teams submit all along; the big team only from 40 % of the span on, so the
     # small teams borrow its idle nominal first and it must take it back.
-    places = _poisson(rng, n)
+    places = kit.poisson(rng, n)
     late = 0.4 + 0.6 * rng.random(n)
     drafts = []
     for i in range(n):
         team = "core" if core[i] else small_teams[i]
         replicas, gpus, topology = core_shapes[i] if core[i] else small_shapes[i]
         at = late[i] if core[i] else places[i]
-        drafts.append(_draft(at, team, replicas, gpus, durations[i], topology=topology))
-    return _Spec(_pool("s", 16), _teams(nominal), drafts)
+        drafts.append(kit.draft(at, team, replicas, gpus, durations[i], topology=topology))
+    return kit.Spec(kit.pool("s", 16), kit.teams_of(nominal), drafts)
 
 
-def _departments(rng: np.random.Generator, n: int) -> _Spec:
+def _departments(rng: np.random.Generator, n: int) -> kit.Spec:
     """An organization tree on 128 GPUs: research (nlp, vision) keeps all but 12 of its 48
     GPUs inside (lending_limit), product (search, ads) may draw at most 16 from outside
     (borrowing_limit), infra sits at the root. Vision arrives late, as the skewed family's
     big team does: its department's other team and the rest borrow its nominal first."""
     nominal = {"nlp": 32, "vision": 16, "search": 24, "ads": 24, "infra": 32}
     cohort = {"nlp": "research", "vision": "research", "search": "product", "ads": "product"}
-    teams = _teams(nominal)
+    teams = kit.teams_of(nominal)
     for t in teams:
         if t["name"] in cohort:
             t["cohort"] = cohort[t["name"]]
@@ -354,42 +216,42 @@ def _departments(rng: np.random.Generator, n: int) -> _Spec:
         {"name": "research", "lending_limit": {"gpus": 12}},
         {"name": "product", "borrowing_limit": {"gpus": 16}},
     ]
-    names = _pick(rng, list(nominal), [0.3, 0.15, 0.2, 0.15, 0.2], n)
-    shapes = _pick(rng, _MIXED, _MIXED_P, n)
-    durations = _durations(rng, n, HOUR_S, 1.0)
-    places, late = _poisson(rng, n), 0.4 + 0.6 * rng.random(n)
+    names = kit.pick(rng, list(nominal), [0.3, 0.15, 0.2, 0.15, 0.2], n)
+    shapes = kit.pick(rng, _MIXED, _MIXED_P, n)
+    durations = kit.durations(rng, n, HOUR_S, 1.0)
+    places, late = kit.poisson(rng, n), 0.4 + 0.6 * rng.random(n)
     drafts = []
     for i in range(n):
         replicas, gpus, topology = shapes[i]
         at = late[i] if names[i] == "vision" else places[i]
-        drafts.append(_draft(at, names[i], replicas, gpus, durations[i], topology=topology))
-    return _Spec(_pool("d", 16), {"teams": teams, "cohorts": cohorts}, drafts)
+        drafts.append(kit.draft(at, names[i], replicas, gpus, durations[i], topology=topology))
+    return kit.Spec(kit.pool("d", 16), {"teams": teams, "cohorts": cohorts}, drafts)
 
 
-def _long_short(rng: np.random.Generator, n: int) -> _Spec:
+def _long_short(rng: np.random.Generator, n: int) -> kit.Spec:
     nominal = {"ft": 32, "pretrain": 32, "eval": 32, "data": 32}
     long_jobs = max(2, n // 100)  # a few multi-day runs (1 %)
-    teams = _pick(rng, list(nominal), [1, 1, 1, 1], n)
-    shapes = _pick(rng, _MIXED[:4], [0.5, 0.2, 0.2, 0.1], n)
+    teams = kit.pick(rng, list(nominal), [1, 1, 1, 1], n)
+    shapes = kit.pick(rng, _MIXED[:4], [0.5, 0.2, 0.2, 0.1], n)
     medium = rng.random(n) < 0.12
-    short_runs = _durations(rng, n, 5 * 60, 1.2)  # minutes, with a long log-normal tail
-    medium_runs = _durations(rng, n, 4 * HOUR_S, 0.8)
+    short_runs = kit.durations(rng, n, 5 * 60, 1.2)  # minutes, with a long log-normal tail
+    medium_runs = kit.durations(rng, n, 4 * HOUR_S, 0.8)
     is_long = np.zeros(n, dtype=bool)
     is_long[rng.choice(n, size=long_jobs, replace=False)] = True
     long_runs = np.round(rng.uniform(2 * DAY_S, 5 * DAY_S, n))
-    long_shapes = _pick(rng, [(1, 8, "node"), (2, 8, "rack")], [0.6, 0.4], n)
+    long_shapes = kit.pick(rng, [(1, 8, "node"), (2, 8, "rack")], [0.6, 0.4], n)
     drafts = []
-    for i, at in enumerate(_poisson(rng, n)):
+    for i, at in enumerate(kit.poisson(rng, n)):
         if is_long[i]:
             (replicas, gpus, topology), duration = long_shapes[i], long_runs[i]
         else:
             replicas, gpus, topology = shapes[i]
             duration = medium_runs[i] if medium[i] else short_runs[i]
-        drafts.append(_draft(at, teams[i], replicas, gpus, duration, topology=topology))
-    return _Spec(_pool("l", 16), _teams(nominal), drafts)
+        drafts.append(kit.draft(at, teams[i], replicas, gpus, duration, topology=topology))
+    return kit.Spec(kit.pool("l", 16), kit.teams_of(nominal), drafts)
 
 
-def _models(rng: np.random.Generator, n: int) -> _Spec:
+def _models(rng: np.random.Generator, n: int) -> kit.Spec:
     # Listed oldest first, as bought: an order that is no guide to speed.
     pools = [("v", 8, "V100"), ("a", 10, "A100"), ("h", 6, "H100")]
     cluster = {
@@ -403,25 +265,25 @@ def _models(rng: np.random.Generator, n: int) -> _Spec:
         ],
     }  # fmt: skip
     nominal = {"llm": 48, "vision": 48, "speech": 48, "rl": 48}
-    shapes = _pick(rng, _MIXED, _MIXED_P, n)
+    shapes = kit.pick(rng, _MIXED, _MIXED_P, n)
     # What a job needs of the models: most run anywhere; big-memory ones need an H100 or an
     # A100; some were built for one model.
-    needs = _pick(
+    needs = kit.pick(
         rng, [None, "H100|A100", "H100", "A100", "V100"], [0.66, 0.15, 0.08, 0.06, 0.05], n
     )
-    teams = _pick(rng, list(nominal), [1, 1, 1, 1], n)
-    durations = _durations(rng, n, HOUR_S, 1.0)
+    teams = kit.pick(rng, list(nominal), [1, 1, 1, 1], n)
+    durations = kit.durations(rng, n, HOUR_S, 1.0)
     drafts = []
-    for i, at in enumerate(_poisson(rng, n)):
+    for i, at in enumerate(kit.poisson(rng, n)):
         replicas, gpus, topology = shapes[i]
         drafts.append(
-            _draft(at, teams[i], replicas, gpus, durations[i], topology=topology,
+            kit.draft(at, teams[i], replicas, gpus, durations[i], topology=topology,
                    gpu_model=needs[i], cpus_per_replica=4.0 * gpus)
         )  # fmt: skip
-    return _Spec(cluster, _teams(nominal), drafts)
+    return kit.Spec(cluster, kit.teams_of(nominal), drafts)
 
 
-def _models_quota(rng: np.random.Generator, n: int) -> _Spec:
+def _models_quota(rng: np.random.Generator, n: int) -> kit.Spec:
     """The `models` family's cluster and jobs, with per-model quotas: llm bought half the
     H100s and lends a third of them, vision half the A100s and lends half, speech a quarter of
     the H100s (lent whole); rl declares none, so it borrows both from the pools."""
@@ -441,7 +303,7 @@ def _models_quota(rng: np.random.Generator, n: int) -> _Spec:
     return spec._replace(teams=teams)
 
 
-def _mig(rng: np.random.Generator, n: int) -> _Spec:
+def _mig(rng: np.random.Generator, n: int) -> kit.Spec:
     """A training cluster of 12 A100 nodes, 4 of them with their last two GPUs partitioned
     (seven 1g.10gb, and two 3g.40gb), shared by two training teams and an inference team
     (`serve`) whose notebooks and small fine-tunes ask for MIG instances: it declares
@@ -460,30 +322,30 @@ def _mig(rng: np.random.Generator, n: int) -> _Spec:
         ],
     }
     nominal = {"train-a": 40, "train-b": 36, "serve": 12}
-    teams = _teams(nominal)
+    teams = kit.teams_of(nominal)
     for t in teams:
         if t["name"] == "serve":
             t["nominal"].update({"mig.1g.10gb": 24, "mig.3g.40gb": 6})
             t["lending_limit"] = {"mig.1g.10gb": 12, "mig.3g.40gb": 3}
-    who = _pick(rng, list(nominal), [0.4, 0.35, 0.25], n)
+    who = kit.pick(rng, list(nominal), [0.4, 0.35, 0.25], n)
     asks_mig = rng.random(n) < np.where(np.array(who) == "serve", 0.8, 0.15)
-    profiles = _pick(rng, ["1g.10gb", "3g.40gb"], [0.75, 0.25], n)
-    mig_replicas = _pick(rng, [1, 2, 4], [0.7, 0.2, 0.1], n)
-    shapes = _pick(rng, _MIXED, _MIXED_P, n)
-    long = _durations(rng, n, HOUR_S, 1.0)
-    short = _durations(rng, n, 20 * 60, 0.8)
+    profiles = kit.pick(rng, ["1g.10gb", "3g.40gb"], [0.75, 0.25], n)
+    mig_replicas = kit.pick(rng, [1, 2, 4], [0.7, 0.2, 0.1], n)
+    shapes = kit.pick(rng, _MIXED, _MIXED_P, n)
+    long = kit.durations(rng, n, HOUR_S, 1.0)
+    short = kit.durations(rng, n, 20 * 60, 0.8)
     drafts = []
-    for i, at in enumerate(_poisson(rng, n)):
+    for i, at in enumerate(kit.poisson(rng, n)):
         if asks_mig[i]:
             share = share_of(profiles[i]) / GPU_UNIT
-            drafts.append(_draft(at, who[i], mig_replicas[i], share, short[i],
+            drafts.append(kit.draft(at, who[i], mig_replicas[i], share, short[i],
                                  mig_profile=profiles[i],
                                  cpus_per_replica=4.0))  # fmt: skip
             continue
         replicas, gpus, topology = shapes[i]
-        drafts.append(_draft(at, who[i], replicas, gpus, long[i], topology=topology,
+        drafts.append(kit.draft(at, who[i], replicas, gpus, long[i], topology=topology,
                              cpus_per_replica=4.0 * gpus))  # fmt: skip
-    return _Spec(cluster, teams, drafts)
+    return kit.Spec(cluster, teams, drafts)
 
 
 FAMILIES: dict[str, Family] = {
