@@ -330,6 +330,8 @@ class BerthRunOperator(BaseOperator):
 
     def _collect(self, job_id: str, attempt: int, spec: JobSpec) -> None:
         s = settings()
+        if s.runtime_kind == "kubernetes":  # on the team's volume: the collect step copies it
+            return
         self.log.info("attempt %d:", attempt)
         collect_attempt(
             spec.artifacts,

@@ -26,7 +26,7 @@ from operators.job import (
 )
 from operators.preparing import failing_fast, prepare, stage
 from operators.release import release_job
-from operators.staging import collect_attempt
+from operators.staging import collect_attempt, collect_on_cluster
 
 
 class _SpecStep(BaseOperator):
@@ -70,6 +70,16 @@ class ValidateSpecOperator(_SpecStep):
         check_team_access(s, spec.team, context)
         if s.runtime_kind == "kubernetes" and spec.environment is not None:
             _check_buildable(spec)
+        if (
+            s.runtime_kind == "kubernetes"
+            and spec.artifacts
+            and s.kube_config().pods.outputs_volume is None
+        ):
+            raise AirflowFailException(
+                "artifacts: on Kubernetes they are collected from the attempt's working "
+                "directory on the team's volume, and the Kubernetes settings name none; set "
+                "pods.outputs_volume (docs/decisions/0025), or remove artifacts"
+            )
         if s.runtime_kind != "kubernetes" and spec.secrets:
             # Kubernetes Secrets are the one place secrets come from: refused before anything
             # is queued, rather than a job that runs without them.
@@ -157,7 +167,19 @@ class CollectArtifactsOperator(_JobStep):
             self.log.info("job %s was never submitted; nothing to collect", job_id)
             return {"job_id": job_id, "attempts": {}}
         artifacts = st.spec.artifacts
-        out: dict[str, Any] = {}
+        if s.runtime_kind == "kubernetes":
+            out = collect_on_cluster(s.runtime(), st.spec.team, job_id, st.attempt, artifacts,
+                                     self.log)  # fmt: skip
+            last = out.get(str(st.attempt))
+            if st.state == "succeeded" and last and last["missing"]:
+                raise AirflowFailException(
+                    f"artifacts: {list(last['missing'])} not found in attempt {st.attempt}'s "
+                    "working directory after the job succeeded; make the job write them there "
+                    "(relative paths), or remove them from artifacts"
+                )
+            return {"job_id": job_id, "state": st.state, "last_attempt": st.attempt,
+                    "attempts": out}  # fmt: skip
+        out = {}
         for attempt in range(1, st.attempt + 1):
             workdir = s.workdir(job_id, attempt)
             if not workdir.is_dir():

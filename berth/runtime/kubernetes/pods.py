@@ -34,8 +34,9 @@ Choices, each for a reason:
   garbage collector, or one slow to run, must not keep GPUs busy). The Service owns the
   attempt's ResourceClaims the same way.
 - **Staged data** is the team's PersistentVolumeClaim, mounted read-only (`volumes.py`).
-- **Training needs** (`training.py`): a memory-backed `/dev/shm` sized by the job, and the job's
-  checkpoint folder, read-write, kept across its attempts (`BERTH_CHECKPOINT_DIR`).
+- **Training needs** (`training.py`): a memory-backed `/dev/shm` sized by the job, the job's
+  checkpoint folder, read-write, kept across its attempts (`BERTH_CHECKPOINT_DIR`), and the
+  attempt's working directory on the team's volume, where its artifacts are collected from.
 """
 
 from __future__ import annotations
@@ -53,7 +54,13 @@ from berth.runtime.kubernetes.dra import DraSettings, pod_fields
 from berth.runtime.kubernetes.inventory import BERTH, MANAGED_BY
 from berth.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, Toleration
 from berth.runtime.kubernetes.pod_requests import mig_resource
-from berth.runtime.kubernetes.training import CheckpointVolume, checkpoint_volume, shm_volume
+from berth.runtime.kubernetes.training import (
+    CheckpointVolume,
+    OutputsVolume,
+    checkpoint_volume,
+    outputs_volume,
+    shm_volume,
+)
 from berth.runtime.kubernetes.volumes import DataVolume, replica_mount
 from berth.spec_fields import env_key, secret_ref
 from scheduling.cluster import Cluster
@@ -95,6 +102,7 @@ class KubeSettings(BaseModel):
     dra: DraSettings = Field(default_factory=DraSettings)  # exact GPUs where DRA is served
     data_volume: DataVolume | None = None  # staged inputs: the team's PVC (decision 0008)
     checkpoint_volume: CheckpointVolume | None = None  # BERTH_CHECKPOINT_DIR (training.py)
+    outputs_volume: OutputsVolume | None = None  # the attempt's working directory (training.py)
 
 
 class KubeReplica(ReplicaHandle):
@@ -116,6 +124,7 @@ class KubeLaunch(Launch):
     data_claim: str | None = None  # the team's PVC of staged data, mounted read-only
     shm_mib: int = 0  # its memory-backed /dev/shm (0: the container runtime's 64 MiB)
     checkpoint_claim: str | None = None  # the team's PVC that holds the job's checkpoints
+    outputs_claim: str | None = None  # the team's PVC that holds the attempt's working dir
 
 
 def _digest(text: str, n: int = 6) -> str:
@@ -137,6 +146,7 @@ def new_launch(
     data_claim: str | None = None,
     shm_mib: int = 0,
     checkpoint_claim: str | None = None,
+    outputs_claim: str | None = None,
     model_label: str | None = None,
 ) -> KubeLaunch:
     """The launch record of an attempt: rank i is replica i of the placement. `model_label`:
@@ -158,7 +168,7 @@ def new_launch(
         master_addr=master_addr(settings, namespace, service), master_port=settings.master_port,
         namespace=namespace, service=service, team=team, image=image,
         start_timeout_s=settings.start_timeout_s, replicas=replicas, data_claim=data_claim,
-        shm_mib=shm_mib, checkpoint_claim=checkpoint_claim,
+        shm_mib=shm_mib, checkpoint_claim=checkpoint_claim, outputs_claim=outputs_claim,
     )  # fmt: skip
 
 
@@ -384,6 +394,13 @@ def pod_manifest(
         volumes.append(volume)
         mounts.append(mount)
         variables |= more
+    if launch.outputs_claim is not None and settings.outputs_volume is not None:
+        volume, mount = outputs_volume(
+            settings.outputs_volume, launch.outputs_claim, job_name(launch.job_id), launch.attempt
+        )
+        volumes.append(volume)
+        mounts.append(mount)
+        container["workingDir"] = settings.outputs_volume.mount_path
     env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in variables.items()]
     for name, ref in (secrets or {}).items():
         secret, _, key = ref.partition("/")

@@ -114,11 +114,12 @@ class KubernetesRuntime:
     ) -> KubeLaunch:
         """Create the attempt's Service, then per replica its ResourceClaim (where DRA applies)
         and its pod on its node; returns at once (`poll` watches the start). `workdir` is
-        ignored (the image's holds); `mount_data`: the team's data volume, read-only; `shm_gb`:
-        each replica's /dev/shm (None: half its memory); the job's checkpoint folder where the
-        settings name a checkpoint volume (`training.py`); `secrets`: variables from the
-        namespace's Secrets ('name/key', the spec's `secrets`). A GPU that
-        another claim holds is a `rejected` failure on the Service (requeued), nothing more.
+        ignored (the image's, or the attempt's folder on `outputs_volume`); `mount_data`: the
+        team's data volume, read-only; `shm_gb`: each replica's /dev/shm (None: half its
+        memory); the job's checkpoint folder where the settings name a checkpoint volume
+        (`training.py`); `secrets`: variables from the namespace's Secrets ('name/key', the
+        spec's `secrets`). A GPU that another claim holds is a `rejected` failure on the
+        Service (requeued), nothing more.
 
         Raises LaunchError for bad input, an attempt launched before, or a refused object (what
         was created is deleted first: no partial gangs); RuntimeUnavailable when the API server
@@ -138,23 +139,15 @@ class KubernetesRuntime:
                 "/dev/shm's pages count against the replica's memory"
             )
         namespace = self.namespace(team)
-        checkpoints = self.settings.checkpoint_volume
         try:
             with unavailable_as("the team's volumes could not be read"):
-                data_claim = self.stager.data_claim(namespace, team) if mount_data else None
-                checkpoint_claim = None
-                if checkpoints is not None:
-                    checkpoint_claim = self.stager.checked_claim(
-                        namespace, checkpoints.claim_for(team), "checkpoint_volume.claim",
-                        "the replicas of every attempt, on any node, write and read it",
-                    )  # fmt: skip
+                volumes = self.stager.launch_claims(namespace, team, mount_data=mount_data)
         except ValueError as e:
             raise LaunchError(str(e)) from None
         launch = manifests.new_launch(
             self.settings, job_id, attempt, placement, cluster, namespace=namespace,
             team=team, image=image, launched_at=self.clock(), time_limit_s=time_limit_s,
-            data_claim=data_claim, shm_mib=shm_mib(shm_gb, memory_gb),
-            checkpoint_claim=checkpoint_claim, model_label=self.model_label,
+            shm_mib=shm_mib(shm_gb, memory_gb), model_label=self.model_label, **volumes,
         )  # fmt: skip
         with unavailable_as("the GPUs' devices could not be read"):
             plan = self.claims.plan(launch)

@@ -86,42 +86,62 @@ def staging_pod_manifest(
 ) -> dict[str, Any]:
     """The staging pod: the team's PVC read-write, Pod Security 'restricted', no API token,
     requests equal limits, and a deadline (`data_volume.staging_timeout_s`)."""
+    volume = _staging_volume(settings, "staging on Kubernetes")
+    source, mount = writer_mount(volume, volume.claim_for(team))
+    command = [
+        "python", "-m", PROGRAM, "--cache", volume.mount_path,
+        "--result", "/dev/termination-log", "--", *inputs,
+    ]  # fmt: skip
+    return one_shot_pod_manifest(
+        settings, namespace=namespace, team=team, name=name, component="staging",
+        command=command, volume=source, mount=mount,
+    )  # fmt: skip
+
+
+def _staging_volume(settings: KubeSettings, what: str) -> DataVolume:
     volume = settings.data_volume
     if volume is None or volume.staging_image is None:
         raise ValueError(
-            "data_volume.staging_image: staging on Kubernetes runs an image with Berth installed "
+            f"data_volume.staging_image: {what} runs an image with Berth installed "
             "(docker/airflow); set data_volume.staging_image in the Kubernetes settings"
         )
-    source, mount = writer_mount(volume, volume.claim_for(team))
+    return volume
+
+
+def one_shot_pod_manifest(
+    settings: KubeSettings,
+    *,
+    namespace: str,
+    team: str,
+    name: str,
+    component: str,
+    command: Sequence[str],
+    volume: dict[str, Any],
+    mount: dict[str, Any],
+) -> dict[str, Any]:
+    """A pod that runs Berth's `command` once on a team's volume (staging, collecting):
+    `data_volume`'s image, Secret, size, fsGroup and deadline; Pod Security 'restricted', no
+    API token, requests equal limits, the result in its termination message."""
+    data = _staging_volume(settings, f"{component} on Kubernetes")
     pod_security, container_security = _security(settings)
-    if volume.fs_group is not None:
+    if data.fs_group is not None:
         pod_security = pod_security | {
-            "fsGroup": volume.fs_group,
+            "fsGroup": data.fs_group,
             "fsGroupChangePolicy": "OnRootMismatch",  # no recursive chown of a large cache
         }
-    size = {"cpu": f"{round(volume.staging_cpus * 1000)}m",
-            "memory": f"{round(volume.staging_memory_gb * 1024)}Mi"}  # fmt: skip
+    size = {"cpu": f"{round(data.staging_cpus * 1000)}m",
+            "memory": f"{round(data.staging_memory_gb * 1024)}Mi"}  # fmt: skip
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": volume.staging_image,
-        "command": [
-            "python",
-            "-m",
-            PROGRAM,
-            "--cache",
-            volume.mount_path,
-            "--result",
-            "/dev/termination-log",
-            "--",
-            *inputs,
-        ],
+        "image": data.staging_image,
+        "command": list(command),
         "resources": {"requests": size, "limits": size},
         "securityContext": container_security,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [mount],
     }
-    if volume.staging_secret is not None:
-        container["envFrom"] = [{"secretRef": {"name": volume.staging_secret}}]
+    if data.staging_secret is not None:
+        container["envFrom"] = [{"secretRef": {"name": data.staging_secret}}]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -130,19 +150,19 @@ def staging_pod_manifest(
             "namespace": namespace,
             "labels": {
                 MANAGED_BY: BERTH,
-                NAME: "berth-staging",
-                COMPONENT: "staging",
+                NAME: f"berth-{component}",
+                COMPONENT: component,
                 TEAM: label_value(team),
             },
         },
         "spec": {
             "restartPolicy": "Never",
-            "activeDeadlineSeconds": max(1, round(volume.staging_timeout_s)),
+            "activeDeadlineSeconds": max(1, round(data.staging_timeout_s)),
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "securityContext": pod_security,
             "containers": [container],
-            "volumes": [source],
+            "volumes": [volume],
         },
     }
 
@@ -322,6 +342,25 @@ class Stager:
             )
         return self.checked_claim(namespace, volume.claim_for(team))
 
+    def launch_claims(self, namespace: str, team: str, *, mount_data: bool) -> dict[str, str]:
+        """The team's claims an attempt mounts (`new_launch`'s data_claim, checkpoint_claim
+        and outputs_claim), each checked on the API server; ValueError naming the setting."""
+        out, kube = {}, self.settings
+        if mount_data:
+            out["data_claim"] = self.data_claim(namespace, team)
+        need = "the replicas of every attempt, on any node, write and read it"
+        if kube.checkpoint_volume is not None:
+            claim = kube.checkpoint_volume.claim_for(team)
+            out["checkpoint_claim"] = self.checked_claim(
+                namespace, claim, "checkpoint_volume.claim", need
+            )
+        if kube.outputs_volume is not None:
+            claim = kube.outputs_volume.claim_for(team)
+            out["outputs_claim"] = self.checked_claim(
+                namespace, claim, "outputs_volume.claim", need
+            )
+        return out
+
     def checked_claim(self, namespace: str, claim: str, *problem_args: str) -> str:
         """`claim`, read on the API server; ValueError (`claim_problem`'s, with `problem_args`
         naming the setting and the need) when it is missing or not ReadWriteMany."""
@@ -346,35 +385,46 @@ class Stager:
         where = f"staging pod {namespace}/{name}"
         if pod is None:
             raise StagingPodGone(f"{where} is gone (deleted by someone else); stage again")
-        statuses = pod.status.container_statuses or ()
-        state = statuses[0].state if statuses else None
-        if pod.status.phase in ("Pending", "Running"):
-            waiting = state and state.waiting
-            if waiting is not None and waiting.reason in _IMAGE_WAITS:
-                raise StagingPodFailed(
-                    f"{where} cannot pull its image ({waiting.reason}: {waiting.message}); fix "
-                    "data_volume.staging_image in the Kubernetes settings"
-                )
+        end = one_shot_end(pod, where, "stage less at once", StagingPodFailed)
+        if end is None:
             return None
-        term = state and state.terminated
-        if pod.status.reason == "DeadlineExceeded":
-            raise StagingPodFailed(
-                f"{where} did not finish within data_volume.staging_timeout_s; raise it, or "
-                "stage less at once"
-            )
-        if term is None:
-            told = f"{pod.status.reason or pod.status.phase}: {pod.status.message or '-'}"
-            raise StagingPodFailed(f"{where} ended without running ({told})")
-        if term.reason == "OOMKilled":
-            raise StagingPodFailed(f"{where} was OOMKilled; raise data_volume.staging_memory_gb")
+        exit_code, message = end
         try:
-            return decode_result(term.message or "", inputs, mount)
+            return decode_result(message, inputs, mount)
         except StagingPodFailed as e:
-            raise StagingPodFailed(f"{where} exited with code {term.exit_code}: {e}") from None
+            raise StagingPodFailed(f"{where} exited with code {exit_code}: {e}") from None
 
     def _pod(self, namespace: str, name: str) -> Any | None:
         found = self.core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}")
         return found.items[0] if found.items else None
+
+
+def one_shot_end(pod: Any, where: str, less: str, error: type[Exception]) -> tuple[int, str] | None:
+    """(exit code, termination message) of a one-shot pod that runs `data_volume`'s image
+    (staging, collecting) once it ended; None while it runs. `error`, naming the setting to
+    fix, when it cannot pull its image, ran past its deadline (`less`: what else helps), was
+    OOMKilled or ended without running."""
+    statuses = pod.status.container_statuses or ()
+    state = statuses[0].state if statuses else None
+    if pod.status.phase in ("Pending", "Running"):
+        waiting = state and state.waiting
+        if waiting is not None and waiting.reason in _IMAGE_WAITS:
+            raise error(
+                f"{where} cannot pull its image ({waiting.reason}: {waiting.message}); fix "
+                "data_volume.staging_image in the Kubernetes settings"
+            )
+        return None
+    term = state and state.terminated
+    if pod.status.reason == "DeadlineExceeded":
+        raise error(
+            f"{where} did not finish within data_volume.staging_timeout_s; raise it, or {less}"
+        )
+    if term is None:
+        told = f"{pod.status.reason or pod.status.phase}: {pod.status.message or '-'}"
+        raise error(f"{where} ended without running ({told})")
+    if term.reason == "OOMKilled":
+        raise error(f"{where} was OOMKilled; raise data_volume.staging_memory_gb")
+    return term.exit_code, term.message or ""
 
 
 def _followable(pod: Any, now: datetime) -> bool:

@@ -181,6 +181,7 @@ def _claims(
     for setting, volume in (
         ("data_volume", kube.pods.data_volume),
         ("checkpoint_volume", kube.pods.checkpoint_volume),
+        ("outputs_volume", kube.pods.outputs_volume),
     ):
         if volume is None:
             continue

@@ -1,6 +1,6 @@
-"""What a training pod needs beyond its GPUs: a memory-backed `/dev/shm`, and a checkpoint
-folder that outlives the attempt. Pure functions over validated settings; `pods.py` puts them
-in the replica's pod.
+"""What a training pod needs beyond its GPUs: a memory-backed `/dev/shm`, a checkpoint folder
+that outlives the attempt, and a working directory whose files outlive its pods. Pure functions
+over validated settings; `pods.py` puts them in the replica's pod.
 
 - **`/dev/shm`**: a container runtime gives a pod 64 MiB, where PyTorch's data-loader workers
   pass batches and NCCL keeps its buffers between processes of one node; both fail with "No
@@ -14,6 +14,12 @@ in the replica's pod.
   `subPath`, the same for every attempt of the job, and `BERTH_CHECKPOINT_DIR` says where. A
   retried or preempted job then resumes from what its last attempt saved, and one job cannot
   see another's folder, nor the staged-data cache beside them.
+- **The attempt's working directory**: `outputs_volume` names a ReadWriteMany claim in each
+  team namespace (by default the data volume's); each attempt works in `<sub_path>/<job>/
+  <attempt>` of it, mounted read-write at `mount_path`, the container's `workingDir`: as on the
+  local runtime, a job writes where it runs and its `artifacts` are paths relative to that.
+  A collector pod (`collect.py`) copies them out after the attempt, since a finished pod's own
+  filesystem cannot be read. The image's WORKDIR is not used: give commands absolute paths.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict
 from berth.runtime.base import CHECKPOINT_DIR
 from berth.runtime.kubernetes.volumes import absolute_mount_path, claim_template, team_claim
 
-SHM_VOLUME, CHECKPOINT_VOLUME = "berth-shm", "berth-checkpoints"
+SHM_VOLUME, CHECKPOINT_VOLUME, OUTPUTS_VOLUME = "berth-shm", "berth-checkpoints", "berth-work"
 
 
 def _relative_folder(value: str) -> str:
@@ -53,6 +59,33 @@ class CheckpointVolume(BaseModel):
         return team_claim(self.claim, team, "checkpoint_volume.claim")
 
 
+class OutputsVolume(BaseModel):
+    """Where attempts work on the cluster, so that their artifacts can be collected; None in
+    KubeSettings: in the image's working directory, and nothing is collected. The collector
+    pod runs like a staging pod: `data_volume`'s image, Secret (S3 credentials), size and
+    deadline."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    claim: Annotated[str, AfterValidator(claim_template)] = "berth-data"  # '{team}' replaced
+    mount_path: Annotated[str, AfterValidator(absolute_mount_path)] = "/berth/work"
+    sub_path: Annotated[str, AfterValidator(_relative_folder)] = "attempts"
+    # <artifacts_sub_path>/<job>/<attempt>: the collected copy and its manifest.json
+    artifacts_sub_path: Annotated[str, AfterValidator(_relative_folder)] = "artifacts"
+
+    def claim_for(self, team: str) -> str:
+        """The team's PVC; ValueError naming the setting when the team makes it invalid."""
+        return team_claim(self.claim, team, "outputs_volume.claim")
+
+    def attempt_folder(self, job_folder: str, attempt: int) -> str:
+        """The attempt's working directory, relative to the claim's root."""
+        return f"{self.sub_path}/{job_folder}/{attempt}"
+
+    def artifacts_folder(self, job_folder: str, attempt: int) -> str:
+        """Where the attempt's collected artifacts go, relative to the claim's root."""
+        return f"{self.artifacts_sub_path}/{job_folder}/{attempt}"
+
+
 def shm_mib(shm_gb: float | None, memory_gb: float) -> int:
     """The size of a replica's /dev/shm in MiB: `shm_gb`, or half of its memory."""
     return max(1, round((memory_gb / 2 if shm_gb is None else shm_gb) * 1024))
@@ -75,3 +108,17 @@ def checkpoint_volume(
         "subPath": f"{volume.sub_path}/{job_folder}",  # the kubelet makes it when missing
     }
     return source, mount, {CHECKPOINT_DIR: volume.mount_path}
+
+
+def outputs_volume(
+    volume: OutputsVolume, claim: str, job_folder: str, attempt: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod's volume and the container's mount of the attempt's working directory (the
+    container's `workingDir` is `volume.mount_path`)."""
+    source = {"name": OUTPUTS_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
+    mount = {
+        "name": OUTPUTS_VOLUME,
+        "mountPath": volume.mount_path,
+        "subPath": volume.attempt_folder(job_folder, attempt),  # made by the kubelet
+    }
+    return source, mount
