@@ -27,6 +27,7 @@ from kubelet_standin import KubeletStandin, bind, make_node
 from kubernetes import client
 from oci_registry import OCI_MANIFEST, Registry
 from test_kube_build import Site, registry  # noqa: F401 (the module's registry fixture)
+from test_kube_outputs import WORK, run_collector
 from test_kube_runtime import ensure_priority_class
 from test_kube_volumes import MOUNT, PodRunner, create_data_claim
 
@@ -36,7 +37,7 @@ from berth.runtime.kubernetes.images import (
     environment_context,
     tag_for,
 )
-from berth.runtime.kubernetes.pods import COMPONENT
+from berth.runtime.kubernetes.pods import COMPONENT, job_name
 from berth.runtime.kubernetes.staging import staging_name
 from berth.spec import Environment
 from berth.store import JobStatus, Store
@@ -157,21 +158,25 @@ def test_a_gang_runs_as_pods_on_the_engines_nodes(kube_api: KubeAPI, tmp_path: P
 
 class TeamNodes(KubeletStandin):
     """The kubelet of the GPU nodes and of a CPU node for staging pods, and the kube-scheduler's
-    part for staging pods (bound to that node; replicas come bound by the runtime). A staging
-    pod runs its own command here (`PodRunner`: the data volume is a directory); a replica is
-    recorded as the API server stored it, and exits 0."""
+    part for staging and collector pods (bound to that node; replicas come bound by the
+    runtime). A staging or collector pod runs its own command here (the team's volume is a
+    directory); a replica is recorded as the API server stored it, writes `model.txt` where
+    its working directory's subPath lands on the volume, and exits 0."""
 
     def __init__(self, kube: KubeAPI, namespace: str, gpu_nodes: list[str], volume: Path) -> None:
         self.stage_node = kube.unique_name("cpu")
         make_node(kube.core, self.stage_node, gpus=0, cpu="8", memory="32Gi")
         super().__init__(kube.core, [*gpu_nodes, self.stage_node], self._outcome)
         self.namespace = namespace
+        self.volume = volume
         self.run_staging = PodRunner(volume, volume.parent)
         self.staging: list[client.V1Pod] = []
+        self.collectors: list[client.V1Pod] = []
         self.replicas: dict[str, client.V1Pod] = {}
 
     def sync(self) -> int:
-        found = self.api.list_namespaced_pod(self.namespace, label_selector=f"{COMPONENT}=staging")
+        one_shot = f"{COMPONENT} in (staging,collector)"
+        found = self.api.list_namespaced_pod(self.namespace, label_selector=one_shot)
         for pod in found.items:
             if not pod.spec.node_name and pod.metadata.deletion_timestamp is None:
                 bind(self.api, self.namespace, pod.metadata.name, self.stage_node)
@@ -179,9 +184,16 @@ class TeamNodes(KubeletStandin):
 
     def _outcome(self, pod: client.V1Pod) -> int | tuple[int, str]:
         if pod.spec.node_name == self.stage_node:
+            if pod.metadata.labels[COMPONENT] == "collector":
+                self.collectors.append(pod)
+                command = pod.spec.containers[0].command
+                return run_collector(command, pod.metadata.name, self.volume, self.volume.parent)
             self.staging.append(pod)
             return self.run_staging(pod)
         self.replicas[pod.metadata.name] = pod
+        (work,) = [m for m in pod.spec.containers[0].volume_mounts if m.mount_path == WORK]
+        (self.volume / work.sub_path).mkdir(parents=True, exist_ok=True)
+        (self.volume / work.sub_path / "model.txt").write_text(pod.metadata.name)
         return 0
 
 
@@ -212,6 +224,7 @@ def test_an_environment_job_with_inputs_runs_its_built_image_on_staged_data(
                 "pods": {
                     "team_namespaces": {"vision": site.ns},
                     "data_volume": {"claim": "berth-data", "staging_image": staging_image},
+                    "outputs_volume": {"claim": "berth-data"},
                 }
             }
         )
@@ -230,7 +243,7 @@ def test_an_environment_job_with_inputs_runs_its_built_image_on_staged_data(
     requirement = f"pkg-{site.ns}==1.0"  # a context no other test has built
     spec = {
         "name": "kube-env-data", "team": "vision", "inputs": [source.as_uri()],
-        "environment": {"requirements": [requirement]},
+        "environment": {"requirements": [requirement]}, "artifacts": ["model.txt"],
     }  # fmt: skip
     # What the prepare step will build: the context of these settings, and its pod's name.
     settings = ImageBuildSettings.from_env(build)
@@ -287,13 +300,28 @@ def test_an_environment_job_with_inputs_runs_its_built_image_on_staged_data(
     for pod in pods:
         (container,) = pod.spec.containers
         assert container.image == pinned
-        (data,) = [v for v in pod.spec.volumes if v.persistent_volume_claim is not None]
+        (data,) = [v for v in pod.spec.volumes if v.name == "berth-data"]
         assert data.persistent_volume_claim.claim_name == "berth-data"
         assert data.persistent_volume_claim.read_only is True
         (mount,) = [m for m in container.volume_mounts or () if m.name == data.name]
         assert (mount.mount_path, mount.read_only) == (MOUNT, True)
         variables = {e.name: e.value for e in container.env}
         assert {k: variables.get(k) for k in staged} == staged
+        assert container.working_dir == WORK  # the attempt's folder of the team's volume
+    # The collect step's one collector pod copied the replicas' model.txt (the last writer's)
+    # to the team's volume, and is gone.
+    [collector] = team.collectors
+    assert collector.spec.containers[0].image == staging_image
+    collected = result["xcoms"]["train.collect_artifacts"]["attempts"]
+    folder = f"artifacts/{job_name(job.id)}/1"
+    assert collected == {
+        "1": {"dest": folder, "files": 1, "bytes": len(pods[0].metadata.name), "missing": [],
+              "s3_prefix": None},
+    }  # fmt: skip
+    assert (volume / folder / "model.txt").read_text() in {p.metadata.name for p in pods}
+    assert (volume / folder / "manifest.json").exists()
+    left = kube_api.core.list_namespaced_pod(site.ns, label_selector=f"{COMPONENT}=collector")
+    assert left.items == []
 
 
 # --- the trigger form's defaults ----------------------------------------------------------------

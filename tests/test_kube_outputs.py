@@ -94,15 +94,21 @@ class Pods:
         return self.codes[attempt]
 
     def _collect(self, argv: list[str], name: str) -> tuple[int, str]:
-        argv = list(argv)
-        assert argv[:3] == ["python", "-m", PROGRAM] and argv[argv.index("--root") + 1] == WORK
-        result = self.tmp / f"{name}.termination-log"
-        argv[argv.index("--root") + 1] = str(self.volume)
-        argv[argv.index("--result") + 1] = str(result)
-        done = subprocess.run(
-            [sys.executable, *argv[1:]], cwd=REPO, capture_output=True, text=True, timeout=120
-        )
-        return done.returncode, result.read_text() if result.exists() else done.stderr
+        return run_collector(argv, name, self.volume, self.tmp)
+
+
+def run_collector(argv: list[str], name: str, volume: Path, tmp: Path) -> tuple[int, str]:
+    """A collector pod's command run here, its mount mapped to `volume`: (exit code, its
+    termination message, else its stderr)."""
+    argv = list(argv)
+    assert argv[:3] == ["python", "-m", PROGRAM] and argv[argv.index("--root") + 1] == WORK
+    result = tmp / f"{name}.termination-log"
+    argv[argv.index("--root") + 1] = str(volume)
+    argv[argv.index("--result") + 1] = str(result)
+    done = subprocess.run(
+        [sys.executable, *argv[1:]], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    return done.returncode, result.read_text() if result.exists() else done.stderr
 
 
 def run_attempt(g: Gang, job_id: str, attempt: int) -> KubeLaunch:
