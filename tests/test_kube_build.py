@@ -252,7 +252,7 @@ def check_builder_pod(site: Site, context: BuildContext, pod: client.V1Pod) -> N
     assert meta.annotations["berth.io/image"] == f"{site.registry.host}/berth/envs:{tag}"
     assert "run-" in meta.annotations["berth.io/requested-by"]
     kaniko = spec.containers[0]
-    assert kaniko.image == "gcr.io/kaniko-project/executor:v1.23.2"
+    assert kaniko.image == "ghcr.io/osscontainertools/kaniko:v1.28.2"
     assert kaniko.args[:4] == [
         "--context=tar:///workspace/context.tar.gz",
         "--dockerfile=Dockerfile",
@@ -320,7 +320,7 @@ def test_a_builder_that_cannot_start_is_deleted_and_names_the_setting(
     registry: Registry,
 ) -> None:
     site = Site(kube_api, registry)
-    site.kaniko.pull_error = "gcr.io/kaniko-project/executor:v1.23.2: not found"
+    site.kaniko.pull_error = "ghcr.io/osscontainertools/kaniko:v1.28.2: not found"
     with site.kaniko.running(interval_s=0.05), pytest.raises(BuildError) as err:
         site.builder.ensure(site.context(), site.team)
     assert str(err.value).startswith("BERTH_BUILD_KANIKO_IMAGE: builder pod")

@@ -34,7 +34,9 @@ from berth.spec_fields import image_ref
 RECIPE = 1  # bump when the generated Dockerfile changes meaning: every image is built anew
 TAG_HEX = 32  # hex digits of the context digest in the tag (128 bits)
 CONTEXT_LIMIT = 900 * 1024  # bytes of gzipped context a ConfigMap carries (its cap is 1 MiB)
-DEFAULT_KANIKO = "gcr.io/kaniko-project/executor:v1.23.2"
+# The community fork that continues Kaniko since Google archived it (June 2025); same executor
+# flags, one repository with the flavours as tag suffixes (docs/decisions/0026).
+DEFAULT_KANIKO = "ghcr.io/osscontainertools/kaniko:v1.28.2"
 JOB_BASE = "berth/job-base:0.1.0"  # docker/job-base, as docker/README.md pushes it
 _HOST = re.compile(
     r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
