@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from berth.settings import settings
 from berth.spec import JobSpec
@@ -26,13 +26,7 @@ from berth.staging.artifacts import collect_artifacts, upload_artifacts
 if TYPE_CHECKING:  # the kubernetes client loads only on the Kubernetes runtime
     from berth.runtime.kubernetes import KubernetesRuntime
 
-__all__ = [
-    "StagingError",
-    "collect_attempt",
-    "collect_on_cluster",
-    "stage_inputs",
-    "stage_on_cluster",
-]
+__all__ = ["StagingError", "collect_attempt", "stage_inputs", "stage_on_cluster"]
 
 
 def stage_inputs(
@@ -79,49 +73,6 @@ def stage_on_cluster(
     for item in staged.inputs:
         log.info("%s -> %s (%d bytes, sha256 %s)", item.uri, item.path, item.size, item.sha256[:12])
     return staged.env()
-
-
-def collect_on_cluster(
-    runtime: KubernetesRuntime,
-    team: str,
-    job_id: str,
-    attempts: int,
-    artifacts: Sequence[str],
-    log: logging.Logger | None = None,
-) -> dict[str, Any]:
-    """Kubernetes: copy attempts 1..`attempts`' artifacts from their working directories on the
-    team's outputs volume to its artifacts folder, and to BERTH_ARTIFACTS_S3_PREFIX's
-    `<job>/<attempt>/` when set, with one collector pod (docs/decisions/0025). Returns per
-    attempt where they went and what was missing, as `collect_attempt`'s callers do."""
-    from berth.runtime.kubernetes.collect import Collector
-
-    log = log or logging.getLogger(__name__)
-    if not artifacts:
-        return {}
-    prefix = settings().artifacts_s3_prefix
-    s3 = f"{prefix.rstrip('/')}/{job_id}" if prefix else None
-    collector = Collector(runtime.core, runtime.settings)
-    done = collector.collect(team, job_id, range(1, attempts + 1), artifacts, s3_prefix=s3)
-    out: dict[str, Any] = {}
-    for one in done:
-        if not one.present:
-            log.info("attempt %d: no working directory on the outputs volume", one.attempt)
-            continue
-        where = f" and {one.s3_prefix}/" if one.s3_prefix else ""
-        log.info("attempt %d: artifacts: %d file(s), %d bytes -> %s on the team's volume%s",
-                 one.attempt, one.files, one.bytes, one.dest, where)  # fmt: skip
-        if one.missing_count:
-            more = " ..." if one.missing_count > len(one.missing) else ""
-            log.warning("attempt %d: artifacts not written: %s%s", one.attempt,
-                        list(one.missing), more)  # fmt: skip
-        if one.upload_error:
-            log.warning("attempt %d: artifacts not copied to S3 (the job is not failed for it): "
-                        "%s", one.attempt, one.upload_error)  # fmt: skip
-        out[str(one.attempt)] = {
-            "dest": one.dest, "files": one.files, "bytes": one.bytes,
-            "missing": list(one.missing), "s3_prefix": one.s3_prefix,
-        }  # fmt: skip
-    return out
 
 
 def collect_attempt(

@@ -15,6 +15,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from berth.spec import JobSpec
 from berth.store import UnknownJobError
+from operators.cluster_artifacts import collect_job_on_cluster
 from operators.context import settings
 from operators.job import (
     SpecArg,
@@ -26,7 +27,8 @@ from operators.job import (
 )
 from operators.preparing import failing_fast, prepare, stage
 from operators.release import release_job
-from operators.staging import collect_attempt, collect_on_cluster
+from operators.staging import collect_attempt
+from operators.tracking import TaskRef
 
 
 class _SpecStep(BaseOperator):
@@ -168,17 +170,8 @@ class CollectArtifactsOperator(_JobStep):
             return {"job_id": job_id, "attempts": {}}
         artifacts = st.spec.artifacts
         if s.runtime_kind == "kubernetes":
-            out = collect_on_cluster(s.runtime(), st.spec.team, job_id, st.attempt, artifacts,
-                                     self.log)  # fmt: skip
-            last = out.get(str(st.attempt))
-            if st.state == "succeeded" and last and last["missing"]:
-                raise AirflowFailException(
-                    f"artifacts: {list(last['missing'])} not found in attempt {st.attempt}'s "
-                    "working directory after the job succeeded; make the job write them there "
-                    "(relative paths), or remove them from artifacts"
-                )
-            return {"job_id": job_id, "state": st.state, "last_attempt": st.attempt,
-                    "attempts": out}  # fmt: skip
+            experiment = st.spec.experiment or TaskRef.of(context).dag_id
+            return collect_job_on_cluster(s.runtime(), st, experiment, self.log)
         out = {}
         for attempt in range(1, st.attempt + 1):
             workdir = s.workdir(job_id, attempt)

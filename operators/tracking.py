@@ -130,7 +130,10 @@ def close_attempt(
             tracker.log_artifacts(run, artifacts_dir)
         except TrackingError as e:
             log.warning("%s", e)
-    if outcome == "succeeded" and spec.register_model is not None:
+    # On Kubernetes the collected artifacts reach the run only in the collect step, which
+    # registers the model then (operators/cluster_artifacts.py).
+    later = settings().runtime_kind == "kubernetes"
+    if outcome == "succeeded" and spec.register_model is not None and not later:
         reg = spec.register_model
         try:
             version = tracker.register_model(run, reg.name, reg.path)

@@ -25,6 +25,7 @@ from dag_runs import run_dag as run_dag_test
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubelet_standin import KubeletStandin, bind, make_node
 from kubernetes import client
+from mlflow_server import MlflowServer
 from oci_registry import OCI_MANIFEST, Registry
 from test_kube_build import Site, registry  # noqa: F401 (the module's registry fixture)
 from test_kube_outputs import WORK, run_collector
@@ -41,6 +42,7 @@ from berth.runtime.kubernetes.pods import COMPONENT, job_name
 from berth.runtime.kubernetes.staging import staging_name
 from berth.spec import Environment
 from berth.store import JobStatus, Store
+from mlflow import MlflowClient
 from operators.lifecycle import STEPS
 from scheduling.config import load_cluster, load_teams
 
@@ -186,14 +188,13 @@ class TeamNodes(KubeletStandin):
         if pod.spec.node_name == self.stage_node:
             if pod.metadata.labels[COMPONENT] == "collector":
                 self.collectors.append(pod)
-                command = pod.spec.containers[0].command
-                return run_collector(command, pod.metadata.name, self.volume, self.volume.parent)
+                return run_collector(pod, self.volume, self.volume.parent)
             self.staging.append(pod)
             return self.run_staging(pod)
         self.replicas[pod.metadata.name] = pod
         (work,) = [m for m in pod.spec.containers[0].volume_mounts if m.mount_path == WORK]
-        (self.volume / work.sub_path).mkdir(parents=True, exist_ok=True)
-        (self.volume / work.sub_path / "model.txt").write_text(pod.metadata.name)
+        (self.volume / work.sub_path / "model").mkdir(parents=True, exist_ok=True)
+        (self.volume / work.sub_path / "model" / "weights.txt").write_text(pod.metadata.name)
         return 0
 
 
@@ -210,6 +211,20 @@ def test_an_environment_job_with_inputs_runs_its_built_image_on_staged_data(
     kube_api: KubeAPI,  # noqa: F811
     registry: Registry,  # noqa: F811
     tmp_path: Path,
+) -> None:
+    mlflow = MlflowServer(tmp_path / "mlflow")
+    mlflow.start()
+    try:
+        _environment_job_with_inputs(kube_api, registry, tmp_path, mlflow)
+    finally:
+        mlflow.stop()
+
+
+def _environment_job_with_inputs(
+    kube_api: KubeAPI,  # noqa: F811
+    registry: Registry,  # noqa: F811
+    tmp_path: Path,
+    mlflow: MlflowServer,
 ) -> None:
     # The team's namespace (Pod Security 'baseline', which builds need), its push Secret, a
     # build node with Kaniko's stand-in; and the team's ReadWriteMany data volume there.
@@ -236,14 +251,15 @@ def test_an_environment_job_with_inputs_runs_its_built_image_on_staged_data(
     }  # fmt: skip
     env = airflow_env(
         kube_api, tmp_path, cluster_yaml, BERTH_KUBE_SETTINGS=str(kube_settings), **build
-    )
+    ) | {"MLFLOW_TRACKING_URI": mlflow.uri}
     source = tmp_path / "src" / "train.csv"
     source.parent.mkdir()
     source.write_text("x,y\n1,2\n3,4\n")
     requirement = f"pkg-{site.ns}==1.0"  # a context no other test has built
     spec = {
         "name": "kube-env-data", "team": "vision", "inputs": [source.as_uri()],
-        "environment": {"requirements": [requirement]}, "artifacts": ["model.txt"],
+        "environment": {"requirements": [requirement]}, "artifacts": ["model"],
+        "register_model": {"name": f"kube-model-{site.ns}", "path": "model"},
     }  # fmt: skip
     # What the prepare step will build: the context of these settings, and its pod's name.
     settings = ImageBuildSettings.from_env(build)
@@ -308,18 +324,28 @@ def test_an_environment_job_with_inputs_runs_its_built_image_on_staged_data(
         variables = {e.name: e.value for e in container.env}
         assert {k: variables.get(k) for k in staged} == staged
         assert container.working_dir == WORK  # the attempt's folder of the team's volume
-    # The collect step's one collector pod copied the replicas' model.txt (the last writer's)
-    # to the team's volume, and is gone.
+    # The collect step's one collector pod copied the replicas' model/ (the last writer's) to
+    # the team's volume and logged it into the attempt's MLflow run, the model was registered
+    # from that run, and the pod is gone.
     [collector] = team.collectors
     assert collector.spec.containers[0].image == staging_image
     collected = result["xcoms"]["train.collect_artifacts"]["attempts"]
     folder = f"artifacts/{job_name(job.id)}/1"
+    run_id = collected["1"]["mlflow_run"]
     assert collected == {
         "1": {"dest": folder, "files": 1, "bytes": len(pods[0].metadata.name), "missing": [],
-              "s3_prefix": None},
+              "s3_prefix": None, "mlflow_run": run_id},
     }  # fmt: skip
-    assert (volume / folder / "model.txt").read_text() in {p.metadata.name for p in pods}
+    names = {p.metadata.name for p in pods}
+    assert (volume / folder / "model" / "weights.txt").read_text() in names
     assert (volume / folder / "manifest.json").exists()
+    client_ = MlflowClient(mlflow.uri)
+    run = client_.get_run(run_id)
+    assert run.data.tags["berth.job_id"] == job.id and run.data.tags["berth.attempt"] == "1"
+    logged = {a.path for a in client_.list_artifacts(run_id)}
+    assert logged == {"manifest.json", "model"}
+    [version] = client_.search_model_versions(f"name = 'kube-model-{site.ns}'")
+    assert version.run_id == run_id and version.source == f"runs:/{run_id}/model"
     left = kube_api.core.list_namespaced_pod(site.ns, label_selector=f"{COMPONENT}=collector")
     assert left.items == []
 

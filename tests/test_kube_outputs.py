@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -46,7 +47,7 @@ from berth.runtime.kubernetes.collect import (
 from berth.runtime.kubernetes.pods import KubeLaunch, job_name
 from berth.runtime.kubernetes.staging import MAX_RESULT
 from berth.runtime.kubernetes.training import OutputsVolume
-from operators.staging import collect_on_cluster
+from operators.cluster_artifacts import collect_on_cluster
 
 WORK = "/berth/work"
 PATTERNS = ["outputs/*.pt", "metrics.json", "never-written.txt"]
@@ -82,7 +83,7 @@ class Pods:
     def __call__(self, pod: client.V1Pod) -> int | tuple[int, str]:
         container = pod.spec.containers[0]
         if pod.metadata.labels.get("app.kubernetes.io/component") == "collector":
-            return self._collect(container.command, pod.metadata.name)
+            return run_collector(pod, self.volume, self.tmp)
         (mount,) = [m for m in container.volume_mounts if m.mount_path == WORK]
         assert container.working_dir == WORK and not mount.read_only
         here = self.volume / mount.sub_path  # what the kubelet mounts at the working dir
@@ -93,21 +94,21 @@ class Pods:
         (here / "metrics.json").write_text(json.dumps({"attempt": attempt}))
         return self.codes[attempt]
 
-    def _collect(self, argv: list[str], name: str) -> tuple[int, str]:
-        return run_collector(argv, name, self.volume, self.tmp)
 
-
-def run_collector(argv: list[str], name: str, volume: Path, tmp: Path) -> tuple[int, str]:
-    """A collector pod's command run here, its mount mapped to `volume`: (exit code, its
-    termination message, else its stderr)."""
-    argv = list(argv)
+def run_collector(pod: client.V1Pod, volume: Path, tmp: Path) -> tuple[int, str]:
+    """A collector pod's command run here with the pod's plain variables, its mount mapped to
+    `volume`: (exit code, its termination message, else its stderr)."""
+    container, name = pod.spec.containers[0], pod.metadata.name
+    argv = list(container.command)
+    env = os.environ | {e.name: e.value for e in container.env or () if e.value is not None}
     assert argv[:3] == ["python", "-m", PROGRAM] and argv[argv.index("--root") + 1] == WORK
     result = tmp / f"{name}.termination-log"
     argv[argv.index("--root") + 1] = str(volume)
     argv[argv.index("--result") + 1] = str(result)
     done = subprocess.run(
-        [sys.executable, *argv[1:]], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
+        [sys.executable, *argv[1:]], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
     return done.returncode, result.read_text() if result.exists() else done.stderr
 
 

@@ -123,6 +123,28 @@ class JobTracker:
             ) from e
         return AttemptRun(exp_id, parent, run_id, attempt)
 
+    def attempt_runs(self, experiment: str, job_id: str) -> dict[int, AttemptRun]:
+        """The job's attempt runs that exist, by attempt; none is made (an attempt that was
+        never launched has none). Raises TrackingError."""
+        self.flush()
+        try:
+            exp = self.client.get_experiment_by_name(experiment)
+            if exp is None:
+                return {}
+            parent = self._find(exp.experiment_id, job_id, None) or ""
+            flt = f"tags.`{JOB_TAG}` = '{job_id}' and tags.`{KIND_TAG}` = 'attempt'"
+            runs = self.client.search_runs([exp.experiment_id], filter_string=flt)
+        except MlflowException as e:
+            raise TrackingError(
+                f"MLflow at {self.tracking_uri} could not list the runs of job {job_id}: "
+                f"{e.message}; check that the tracking server is up (MLFLOW_TRACKING_URI)"
+            ) from e
+        out = {}
+        for r in runs:
+            attempt = int(r.data.tags[ATTEMPT_TAG])
+            out[attempt] = AttemptRun(exp.experiment_id, parent, r.info.run_id, attempt)
+        return out
+
     def attempt_env(self, run: AttemptRun) -> dict[str, str]:
         """What every replica needs so that plain `mlflow` calls land on the attempt's run
         (`mlflow.start_run()` resumes MLFLOW_RUN_ID). The runtime adds a per-rank

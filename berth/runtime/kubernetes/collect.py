@@ -7,7 +7,9 @@ berth.runtime.kubernetes.collect`): for each attempt, `berth.staging.collect_art
 the spec's artifact paths from `<sub_path>/<job>/<attempt>` to
 `<artifacts_sub_path>/<job>/<attempt>` with its `manifest.json` (the same layout as
 `$BERTH_HOME/artifacts` on the local runtime), and, given an S3 prefix, uploads them to
-`<prefix>/<attempt>/` with `upload_artifacts` (credentials from `data_volume.staging_secret`).
+`<prefix>/<attempt>/` with `upload_artifacts` (credentials from `data_volume.staging_secret`),
+and, given the attempt's MLflow run, logs them to it through the tracking server (proxied
+artifacts: no storage credentials), as the embedded default does.
 A summary per attempt comes back as the pod's termination message, as the staging pod's
 result does; the manifests stay on the volume and in S3. The platform never mounts the team's
 volume and never holds its S3 credentials for it.
@@ -23,7 +25,7 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,8 @@ class CollectedAttempt(BaseModel):
     dest: str = ""  # the copy and its manifest.json, relative to the claim's root
     s3_prefix: str | None = None  # where they went, when uploaded
     upload_error: str | None = None
+    mlflow_run: str | None = None  # the attempt's run they were logged to
+    mlflow_error: str | None = None
 
 
 def collector_name(job_id: str) -> str:
@@ -84,9 +88,12 @@ def collector_pod_manifest(
     attempts: Sequence[int],
     patterns: Sequence[str],
     s3_prefix: str | None = None,
+    mlflow_runs: Mapping[int, str] | None = None,
+    tracking_uri: str | None = None,
 ) -> dict[str, Any]:
     """The collector pod: the team's outputs claim read-write (it writes the copies), like a
-    staging pod otherwise (`one_shot_pod_manifest`). ValueError naming the setting."""
+    staging pod otherwise (`one_shot_pod_manifest`); `mlflow_runs`: attempt -> its run at
+    `tracking_uri`, to log the copies to. ValueError naming the setting."""
     volume = _outputs(settings)
     source = {
         "name": OUTPUTS_VOLUME,
@@ -102,9 +109,15 @@ def collector_pod_manifest(
     ]  # fmt: skip
     if s3_prefix is not None:
         command += ["--s3-prefix", s3_prefix]
+    env = {}
+    if mlflow_runs and tracking_uri:
+        for attempt, run_id in sorted(mlflow_runs.items()):
+            command += ["--mlflow-run", f"{attempt}={run_id}"]
+        env["MLFLOW_TRACKING_URI"] = tracking_uri
     return one_shot_pod_manifest(
         settings, namespace=namespace, team=team, name=collector_name(job_id),
         component="collector", command=[*command, "--", *patterns], volume=source, mount=mount,
+        env=env,
     )  # fmt: skip
 
 
@@ -121,10 +134,16 @@ def _outputs(settings: KubeSettings) -> OutputsVolume:
 
 
 def collect_attempt(
-    root: Path, work: str, dest: str, attempt: int, patterns: Sequence[str], s3: str | None
+    root: Path,
+    work: str,
+    dest: str,
+    attempt: int,
+    patterns: Sequence[str],
+    s3: str | None,
+    mlflow_run: str | None = None,
 ) -> CollectedAttempt:
     """Collect one attempt's artifacts on the mounted claim (and upload them under
-    `s3/<attempt>`); its summary."""
+    `s3/<attempt>`, and log them to `mlflow_run` at MLFLOW_TRACKING_URI); its summary."""
     workdir = root / work / str(attempt)
     if not workdir.is_dir():
         return CollectedAttempt(attempt=attempt, present=False)
@@ -136,13 +155,28 @@ def collect_attempt(
             prefix = got.s3_prefix
         except ArtifactError as e:
             upload_error = str(e)[:400]
+    logged, mlflow_error = None, None
+    if mlflow_run is not None and got.files:
+        try:
+            _log_to_mlflow(mlflow_run, root / dest / str(attempt))
+            logged = mlflow_run
+        except Exception as e:  # any client or network error: reported, the copies stay
+            mlflow_error = f"{type(e).__name__}: {e}"[:400]
     return CollectedAttempt(
         attempt=attempt, present=True, files=len(got.files), bytes=got.total_bytes,
         missing=got.missing[:_SHOWN], missing_count=len(got.missing),
         skipped=tuple(f"{s.path}: {s.reason}"[:120] for s in got.skipped[:_SHOWN]),
         skipped_count=len(got.skipped), dest=f"{dest}/{attempt}", s3_prefix=prefix,
-        upload_error=upload_error,
+        upload_error=upload_error, mlflow_run=logged, mlflow_error=mlflow_error,
     )  # fmt: skip
+
+
+def _log_to_mlflow(run_id: str, folder: Path) -> None:
+    """The attempt's collected copy (with its manifest) into its run's artifacts, as the
+    embedded default's collect does (`JobTracker.log_artifacts`)."""
+    from mlflow import MlflowClient  # only here: importing mlflow costs about a second
+
+    MlflowClient().log_artifacts(run_id, str(folder))
 
 
 def encode_result(done: Sequence[CollectedAttempt]) -> str:
@@ -151,16 +185,16 @@ def encode_result(done: Sequence[CollectedAttempt]) -> str:
     result says how many); every attempt kept keeps its counts and where its files went."""
     rows = [d.model_dump(exclude_defaults=True) for d in done]
     counts = ("attempt", "present", "files", "bytes", "missing_count", "skipped_count", "dest",
-              "s3_prefix")  # fmt: skip
+              "s3_prefix", "mlflow_run")  # fmt: skip
     steps = (
         lambda r: r,
         lambda r: (
             {k: v for k, v in r.items() if k in counts}
-            | ({"upload_error": r["upload_error"][:80]} if "upload_error" in r else {})
+            | {k: r[k][:80] for k in ("upload_error", "mlflow_error") if k in r}
         ),
         lambda r: (
             {k: v for k, v in r.items() if k in counts}
-            | ({"upload_error": "failed"} if "upload_error" in r else {})
+            | {k: "failed" for k in ("upload_error", "mlflow_error") if k in r}
         ),
     )
     for step in steps:
@@ -196,13 +230,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--attempts", required=True, help="e.g. 1,2,3")
     parser.add_argument("--result", type=Path, required=True, help="/dev/termination-log")
     parser.add_argument("--s3-prefix", help="s3://bucket/prefix/<job>: uploads go under it")
+    parser.add_argument(
+        "--mlflow-run", action="append", default=[], help="ATTEMPT=RUN_ID: log its copy there"
+    )
     parser.add_argument("patterns", nargs="+", help="the spec's artifact paths")
     args = parser.parse_args(argv)
+    runs = {int(a): r for a, _, r in (x.partition("=") for x in args.mlflow_run)}
     done = []
     for attempt in (int(a) for a in args.attempts.split(",")):
         one = collect_attempt(
-            args.root, args.work, args.dest, attempt, args.patterns, args.s3_prefix
-        )
+            args.root, args.work, args.dest, attempt, args.patterns, args.s3_prefix,
+            runs.get(attempt),
+        )  # fmt: skip
         where = f" -> {one.s3_prefix}" if one.s3_prefix else ""
         print(
             f"attempt {attempt}: "
@@ -212,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         if one.upload_error:
             print(f"attempt {attempt}: not uploaded: {one.upload_error}", file=sys.stderr)
+        if one.mlflow_error:
+            print(f"attempt {attempt}: not logged to MLflow: {one.mlflow_error}", file=sys.stderr)
         done.append(one)
     args.result.write_text(encode_result(done))
     return 0
@@ -241,6 +282,8 @@ class Collector:
         patterns: Sequence[str],
         *,
         s3_prefix: str | None = None,
+        mlflow_runs: Mapping[int, str] | None = None,
+        tracking_uri: str | None = None,
         poll_s: float = 2.0,
     ) -> list[CollectedAttempt]:
         """Collect `attempts` of the job (its artifacts under `s3_prefix/<attempt>/` too, when
@@ -256,7 +299,8 @@ class Collector:
         )  # fmt: skip
         body = collector_pod_manifest(
             self.settings, namespace=namespace, team=team, job_id=job_id, attempts=attempts,
-            patterns=patterns, s3_prefix=s3_prefix,
+            patterns=patterns, s3_prefix=s3_prefix, mlflow_runs=mlflow_runs,
+            tracking_uri=tracking_uri,
         )  # fmt: skip
         uid = self._create(namespace, body)
         name = body["metadata"]["name"]

@@ -21,7 +21,7 @@ import hashlib
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
@@ -118,10 +118,12 @@ def one_shot_pod_manifest(
     command: Sequence[str],
     volume: dict[str, Any],
     mount: dict[str, Any],
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A pod that runs Berth's `command` once on a team's volume (staging, collecting):
     `data_volume`'s image, Secret, size, fsGroup and deadline; Pod Security 'restricted', no
-    API token, requests equal limits, the result in its termination message."""
+    API token, requests equal limits, the result in its termination message; `env`: plain
+    variables beside the Secret's."""
     data = _staging_volume(settings, f"{component} on Kubernetes")
     pod_security, container_security = _security(settings)
     if data.fs_group is not None:
@@ -142,6 +144,8 @@ def one_shot_pod_manifest(
     }
     if data.staging_secret is not None:
         container["envFrom"] = [{"secretRef": {"name": data.staging_secret}}]
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in sorted(env.items())]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
