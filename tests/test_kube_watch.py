@@ -117,6 +117,30 @@ def test_success_is_told_from_the_watch_with_no_request_and_equal(watched) -> No
     assert done.state == "succeeded" and done == g.runtime.poll(launch)
 
 
+def test_a_gang_that_ended_is_removed_at_once_and_a_running_one_gets_its_grace(
+    watched,
+) -> None:
+    """`stop` after every pod ended (told by the watch) deletes them with no grace period:
+    the API server removes them at once, without a kubelet's round trip (a write and an event
+    fewer per pod at scale). A gang still running keeps its grace period: its pods stay,
+    terminating, until their kubelet stops them."""
+    g, fast = watched
+    ended, running = g.launch(), g.launch(job_id=g.kube.unique_name("Other"))
+    g.kubelet.sync()
+    for rep in ended.replicas:
+        g.kubelet.finish(g.ns, rep.pod, 0)
+    wait_for(lambda: cached(fast, ended) and cached(fast, running), "the watch to catch up")
+    fast.stop(ended)
+    fast.stop(running)
+    assert g.pods(ended) == {}  # gone at once: nobody had to confirm them
+    left = g.pods(running)
+    assert sorted(left) == sorted(r.pod for r in running.replicas)
+    assert all(p.metadata.deletion_timestamp is not None for p in left.values())
+    assert {p.metadata.deletion_grace_period_seconds for p in left.values()} == {
+        round(g.settings.grace_s)
+    }
+
+
 def test_a_stale_entry_never_ends_a_gang(watched) -> None:
     """The watch still holds both pods Pending while the API server has them Running, past the
     start timeout: the cached answer would be a start timeout, so the runtime reads the API

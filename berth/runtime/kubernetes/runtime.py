@@ -44,7 +44,14 @@ from berth.runtime.kubernetes.pods import (
     KubeLaunch,
     KubeReplica,
 )
-from berth.runtime.kubernetes.reads import UNAVAILABLE, read_or_none, unavailable, unavailable_as
+from berth.runtime.kubernetes.reads import (
+    UNAVAILABLE,
+    read_or_none,
+    unavailable,
+    unavailable_as,
+    unless_gone,
+    without_body,
+)
 from berth.runtime.kubernetes.staging import Stager
 from berth.runtime.kubernetes.status import KubeGangStatus, api_problem, failure_record
 from berth.runtime.kubernetes.training import shm_mib
@@ -187,8 +194,10 @@ class KubernetesRuntime:
                 if rep.claim is not None:
                     self.claims.create(plan, rep, uid)
                 what = "pod"
-                pod = self.core.create_namespaced_pod(namespace, body)
-                if rep.claim is not None:
+                if rep.claim is None:  # nothing reads the answer
+                    without_body(self.core.create_namespaced_pod, namespace, body)
+                else:
+                    pod = self.core.create_namespaced_pod(namespace, body)
                     what = "ResourceClaim's allocation"
                     self.claims.bind(plan, rep, pod)
             except Exception as e:  # refused, or the connection broke: told below
@@ -332,15 +341,16 @@ class KubernetesRuntime:
         launch = _kube(launch)
         self._seen.pop(watched.attempt_key(launch), None)
         grace = self.settings.grace_s if grace_s is None else grace_s
+        if watched.all_ended(self.watch, launch):
+            # No container is left to signal (a phase never leaves Succeeded or Failed): the
+            # API server removes such a pod at once, where a grace period waits for a kubelet.
+            grace = 0
         body = {"metadata": {"annotations": {STOPPED: str(self.clock())}}}
         with unavailable_as("the attempt could not be stopped for now"):
-            try:
-                self.core.patch_namespaced_service(
-                    launch.service, launch.namespace, body, _content_type=MERGE_PATCH
-                )
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+            unless_gone(
+                self.core.patch_namespaced_service,
+                launch.service, launch.namespace, body, _content_type=MERGE_PATCH,
+            )  # fmt: skip
             self._delete(launch, grace, service=True)
 
     def logs(self, launch: Launch, cursor: LogCursor | None = None) -> tuple[list[str], LogCursor]:
@@ -472,11 +482,7 @@ class KubernetesRuntime:
 
     def _delete_one(self, kind: str, namespace: str, name: str, grace_s: float = 0) -> None:
         call = getattr(self.core, f"delete_namespaced_{kind}")  # pod, service
-        try:
-            call(name, namespace, grace_period_seconds=round(grace_s))
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        unless_gone(call, name, namespace, grace_period_seconds=round(grace_s))
 
 
 def _kube(launch: Launch) -> KubeLaunch:

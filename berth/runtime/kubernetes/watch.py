@@ -12,16 +12,24 @@ it, and reads the API server again before anything that ends an attempt (a failu
 pod, a start timeout, success), so a late or broken watch can delay news, never invent it. A
 watch that has not been in contact for `stale_s` (a hung connection, an API server restart) is
 not read at all until it has listed again.
+
+Objects are kept as the API server sent them (`Lazy`) and made into the kubernetes client's
+models only when read: a poll reads a few pods, while every pod's every change and every node's
+heartbeat arrives as an event. Decoding each event into a model (its dates parsed, its nested
+objects built, as the client's `Watch` does after encoding and decoding the JSON once more)
+took over half of the benchmark process's CPU at 1,000 nodes, on the cores the API server needs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
+from types import SimpleNamespace
 from typing import Any
 
 from kubernetes import client, watch
@@ -38,17 +46,60 @@ BERTH_SELECTOR = f"{MANAGED_BY}={BERTH}"
 GONE = 410  # the watch's resourceVersion is too old: list again
 
 
+class Lazy:
+    """A watched object as the API server sent it (`raw`), made into the client's model of
+    type `kind` (e.g. 'V1Pod') on the first read of an attribute; reads its key, labels and
+    version from the JSON without that."""
+
+    __slots__ = ("_kind", "_model", "raw")
+    _decoder: client.ApiClient | None = None  # one per process: only its deserializer is used
+
+    def __init__(self, raw: dict[str, Any], kind: str) -> None:
+        self.raw, self._kind, self._model = raw, kind, None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in Lazy.__slots__:  # copy's probes, a half-made copy
+            raise AttributeError(name)
+        model = self._model
+        if model is None:  # two threads may both decode: the same model, either one kept
+            decoder = Lazy._decoder
+            if decoder is None:
+                decoder = Lazy._decoder = client.ApiClient()
+            model = self._model = _decode(decoder, self.raw, self._kind)
+        return getattr(model, name)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.raw.get("metadata") or {}
+
+
+def _decode(decoder: client.ApiClient, raw: dict[str, Any], kind: str) -> Any:
+    """`raw` as the client's model: its deserializer of parsed JSON where this client has it
+    (what its public `deserialize` calls after parsing a response's text), else that public
+    way, through the text again."""
+    direct = getattr(decoder, "_ApiClient__deserialize", None)
+    if direct is not None:
+        return direct(raw, kind)
+    return decoder.deserialize(SimpleNamespace(data=json.dumps(raw)), kind)
+
+
 def object_key(obj: Any) -> Key:
+    if isinstance(obj, Lazy):
+        meta = obj.meta
+        return meta.get("namespace") or "", meta.get("name", "")
     return obj.metadata.namespace or "", obj.metadata.name
 
 
 def attempt_of(obj: Any) -> AttemptKey | None:
     """The attempt a pod or Service of Berth's belongs to (its labels), None for others."""
-    labels = obj.metadata.labels or {}
+    if isinstance(obj, Lazy):
+        namespace, labels = obj.meta.get("namespace"), obj.meta.get("labels") or {}
+    else:
+        namespace, labels = obj.metadata.namespace, obj.metadata.labels or {}
     job, attempt = labels.get(JOB), labels.get(ATTEMPT)
     if job is None or attempt is None:
         return None
-    return obj.metadata.namespace or "", job, attempt
+    return namespace or "", job, attempt
 
 
 class Informer:
@@ -73,6 +124,7 @@ class Informer:
             raise ValueError(f"timeout_s ({timeout_s}) must be more than 0 and below stale_s")
         self.name = name
         self._list = list_fn
+        self._kind = watch.Watch().get_return_type(list_fn)  # e.g. V1Pod, from its docstring
         self._selector = label_selector
         self._on_change = on_change
         self._timeout_s = timeout_s
@@ -148,8 +200,12 @@ class Informer:
         log.warning("watch of %s broke (%s); listing again", self.name, why)
 
     def _relist(self) -> str:
-        found = self._list(**self._args(), _request_timeout=self._timeout_s + 15)
-        fresh = {object_key(o): o for o in found.items}
+        got = self._list(
+            **self._args(), _request_timeout=self._timeout_s + 15, _preload_content=False
+        )
+        found = json.loads(got.data)
+        items = [Lazy(raw, self._kind) for raw in found.get("items") or ()]
+        fresh = {object_key(o): o for o in items}
         with self._lock:
             old, self._objects = self._objects, fresh
         self._contact = self._clock()
@@ -163,38 +219,48 @@ class Informer:
                 before = old.get(key)
                 if before is None or _version(before) != _version(obj):
                     self._on_change("MODIFIED" if before else "ADDED", before, obj)
-        return found.metadata.resource_version
+        return (found.get("metadata") or {}).get("resourceVersion") or ""
 
     def _watch_from(self, version: str) -> str:
         """Apply the events from `version` until the server ends the request (`timeout_s`);
-        returns the version to go on from."""
-        w = watch.Watch()
-        stream = w.stream(
-            self._list,
+        returns the version to go on from. ApiException(410) when the version is gone."""
+        resp = self._list(
             **self._args(),
+            watch=True,
             resource_version=version,
             timeout_seconds=self._timeout_s,
             allow_watch_bookmarks=True,
             _request_timeout=self._timeout_s + 15,  # a hung connection ends too
+            _preload_content=False,
         )
-        for event in stream:
-            self._contact = self._clock()
-            kind, obj = event["type"], event["object"]
-            if kind == "BOOKMARK":
-                version = w.resource_version or version
-                continue
-            key = object_key(obj)
-            with self._lock:
-                old = self._objects.get(key)
-                if kind == "DELETED":
-                    self._objects.pop(key, None)
-                else:
-                    self._objects[key] = obj
-            version = obj.metadata.resource_version or version
-            if self._on_change is not None:
-                self._on_change(kind, old, None if kind == "DELETED" else obj)
-            if self._stopping.is_set():
-                w.stop()
+        try:
+            for line in watch.watch.iter_resp_lines(resp):
+                if not line or line.isspace():
+                    continue
+                event = json.loads(line)
+                self._contact = self._clock()
+                kind, raw = event["type"], event["object"]
+                if kind == "ERROR":  # e.g. 410: the version is gone, list again
+                    why = f"{raw.get('reason')}: {raw.get('message')}"
+                    raise ApiException(status=raw.get("code"), reason=why)
+                version = (raw.get("metadata") or {}).get("resourceVersion") or version
+                if kind == "BOOKMARK":
+                    continue
+                obj = Lazy(raw, self._kind)
+                key = object_key(obj)
+                with self._lock:
+                    old = self._objects.get(key)
+                    if kind == "DELETED":
+                        self._objects.pop(key, None)
+                    else:
+                        self._objects[key] = obj
+                if self._on_change is not None:
+                    self._on_change(kind, old, None if kind == "DELETED" else obj)
+                if self._stopping.is_set():
+                    break
+        finally:
+            resp.close()
+            resp.release_conn()
         self._contact = self._clock()  # the server closed the request on time: still there
         return version
 
@@ -203,6 +269,8 @@ class Informer:
 
 
 def _version(obj: Any) -> str | None:
+    if isinstance(obj, Lazy):
+        return obj.meta.get("resourceVersion")
     return obj.metadata.resource_version
 
 

@@ -24,7 +24,7 @@ from berth.runtime.kubernetes.pods import (
     label_value,
 )
 from berth.runtime.kubernetes.status import KubeGangStatus
-from berth.runtime.kubernetes.watch import AttemptKey, ClusterWatch
+from berth.runtime.kubernetes.watch import AttemptKey, ClusterWatch, Lazy
 
 
 def attempt_key(launch: KubeLaunch) -> AttemptKey:
@@ -33,8 +33,11 @@ def attempt_key(launch: KubeLaunch) -> AttemptKey:
 
 
 def labelled(pod: Any) -> AttemptKey:
-    labels = pod.metadata.labels or {}
-    return pod.metadata.namespace or "", labels.get(JOB, ""), labels.get(ATTEMPT, "")
+    if isinstance(pod, Lazy):  # from its JSON: no model is made for this
+        namespace, labels = pod.meta.get("namespace"), pod.meta.get("labels") or {}
+    else:
+        namespace, labels = pod.metadata.namespace, pod.metadata.labels or {}
+    return namespace or "", labels.get(JOB, ""), labels.get(ATTEMPT, "")
 
 
 def gang_from_watch(
@@ -69,6 +72,13 @@ def gang_from_watch(
     common = {"started_at": launch.launched_at, "time_limit_s": launch.time_limit_s}
     state = "succeeded" if done else "running"
     return KubeGangStatus(state=state, replicas=replicas, **common), seen
+
+
+def all_ended(watch: ClusterWatch | None, launch: KubeLaunch) -> bool:
+    """Whether a fresh watch holds every replica of the attempt in Succeeded or Failed, phases
+    a pod never leaves: no container is left to signal."""
+    found = pods(watch, launch)
+    return bool(found) and all(p.status.phase in ("Succeeded", "Failed") for p in found.values())
 
 
 def pods(watch: ClusterWatch | None, launch: KubeLaunch) -> dict[int, Any] | None:
