@@ -5,6 +5,7 @@ not "no": the runtime then raises RuntimeUnavailable and the caller asks again."
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -38,6 +39,16 @@ def without_body(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
     resp = call(*args, _preload_content=False, **kwargs)
     resp.read()
     resp.release_conn()
+
+
+def created_uid(call: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
+    """The uid of the object `call` (a client's `create_namespaced_*`) made, read from its JSON
+    answer without the client's models (see `without_body`)."""
+    resp = call(*args, _preload_content=False, **kwargs)
+    try:
+        return str(json.loads(resp.data)["metadata"]["uid"])
+    finally:
+        resp.release_conn()
 
 
 def unless_gone(call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

@@ -46,6 +46,7 @@ from berth.runtime.kubernetes.pods import (
 )
 from berth.runtime.kubernetes.reads import (
     UNAVAILABLE,
+    created_uid,
     read_or_none,
     unavailable,
     unavailable_as,
@@ -163,7 +164,7 @@ class KubernetesRuntime:
         if plan.conflict is not None:
             body["metadata"]["annotations"][FAILURE] = json.dumps(plan.conflict)
         try:
-            owner = self.core.create_namespaced_service(namespace, body)
+            uid = created_uid(self.core.create_namespaced_service, namespace, body)
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise RuntimeUnavailable(
                 f"the attempt's Service could not be created, the API server being away: {e}"
@@ -182,7 +183,6 @@ class KubernetesRuntime:
             return launch  # `poll` tells the failure; no pod may take a held GPU
         cpu, mem = manifests.engine_units(cpus, memory_gb)
         variables = dict(env) | dict(extra_env or {})
-        uid = owner.metadata.uid
 
         def create(rep: KubeReplica) -> tuple[KubeReplica, str, Exception] | None:
             """The replica's claim (where DRA applies) and pod; what failed, or None."""
