@@ -120,19 +120,27 @@ def test_success_is_told_from_the_watch_with_no_request_and_equal(watched) -> No
 def test_a_gang_that_ended_is_removed_at_once_and_a_running_one_gets_its_grace(
     watched,
 ) -> None:
-    """`stop` after every pod ended (told by the watch) deletes them with no grace period:
-    the API server removes them at once, without a kubelet's round trip (a write and an event
-    fewer per pod at scale). A gang still running keeps its grace period: its pods stay,
-    terminating, until their kubelet stops them."""
+    """`stop` after every pod ended (told by the watch) deletes the Service first (no
+    "stopped" annotation: its absence tells a later poll the same) and the pods with no grace
+    period: the API server removes them at once, without a kubelet's round trip. A gang still
+    running keeps its grace period: its pods stay, terminating, until their kubelet stops
+    them."""
     g, fast = watched
     ended, running = g.launch(), g.launch(job_id=g.kube.unique_name("Other"))
     g.kubelet.sync()
     for rep in ended.replicas:
         g.kubelet.finish(g.ns, rep.pod, 0)
     wait_for(lambda: cached(fast, ended) and cached(fast, running), "the watch to catch up")
+    counting = Counting(fast.core)
+    fast.core = counting  # type: ignore[assignment]
     fast.stop(ended)
+    assert "patch_namespaced_service" not in counting.calls  # one request fewer per job
     fast.stop(running)
+    assert "patch_namespaced_service" in counting.calls  # marked stopped, then deleted
     assert g.pods(ended) == {}  # gone at once: nobody had to confirm them
+    assert g.services() == []  # both attempts' Services went with them
+    after = g.runtime.poll(ended)  # from the API server: what any later poller reads
+    assert after.state == "stopped" and "Service is gone" in (after.message or "")
     left = g.pods(running)
     assert sorted(left) == sorted(r.pod for r in running.replicas)
     assert all(p.metadata.deletion_timestamp is not None for p in left.values())

@@ -172,6 +172,16 @@ def new_launch(
     )  # fmt: skip
 
 
+def kube_launch(launch: Launch) -> KubeLaunch:
+    """`launch` as this runtime's record; LaunchError for another runtime's."""
+    if not isinstance(launch, KubeLaunch):
+        raise LaunchError(
+            f"launch: a {launch.runtime!r} launch cannot be followed by the Kubernetes "
+            "runtime; use the runtime that launched it (or launch_from_dict)"
+        )
+    return launch
+
+
 def attempt_key(obj: Any) -> tuple[str, int]:
     """(job id, attempt) of one of Berth's objects, from its annotation and label."""
     meta = obj.metadata

@@ -278,7 +278,7 @@ class KubernetesRuntime:
         a missing object, a timeout) is read from the API server, so the watch can delay such
         an end (by its lag) but never decide it. RuntimeUnavailable when the API server cannot
         be reached or answers 429 or 5xx: nothing is known, ask again."""
-        launch = _kube(launch)
+        launch = manifests.kube_launch(launch)
         known, seen = watched.gang_from_watch(self.watch, launch, self.clock())
         key = watched.attempt_key(launch)
         if known is not None:
@@ -322,7 +322,7 @@ class KubernetesRuntime:
         it from the watch, or after `timeout_s` (at once if it changed already). Without a
         fresh watch, or after a poll that read the API server: after `timeout_s`. Starts the
         watch if it is not yet."""
-        launch = _kube(launch)
+        launch = manifests.kube_launch(launch)
         key = watched.attempt_key(launch)
         since = self._seen.pop(key, None)
         if self.watch is not None and not self.watch.started:
@@ -338,25 +338,30 @@ class KubernetesRuntime:
         """Delete the attempt's pods with a grace period (SIGTERM, then SIGKILL after
         `grace_s`, default the settings': time to checkpoint), then its Service. Idempotent;
         RuntimeUnavailable when the API server is away (stop again later)."""
-        launch = _kube(launch)
+        launch = manifests.kube_launch(launch)
         self._seen.pop(watched.attempt_key(launch), None)
         grace = self.settings.grace_s if grace_s is None else grace_s
-        if watched.all_ended(self.watch, launch):
-            # No container is left to signal (a phase never leaves Succeeded or Failed): the
-            # API server removes such a pod at once, where a grace period waits for a kubelet.
-            grace = 0
-        body = {"metadata": {"annotations": {STOPPED: str(self.clock())}}}
+        ns = launch.namespace
         with unavailable_as("the attempt could not be stopped for now"):
+            if watched.all_ended(self.watch, launch):
+                # Nothing runs (a phase never leaves Succeeded or Failed): the Service goes
+                # first, which tells a later poll "stopped" as the annotation would, for one
+                # request less; then the pods at once, no container being left to signal.
+                self._delete_one("service", ns, launch.service)
+                self._delete(launch, 0)
+                self.claims.delete(launch)
+                return
+            body = {"metadata": {"annotations": {STOPPED: str(self.clock())}}}
             unless_gone(
                 self.core.patch_namespaced_service,
-                launch.service, launch.namespace, body, _content_type=MERGE_PATCH,
+                launch.service, ns, body, _content_type=MERGE_PATCH,
             )  # fmt: skip
             self._delete(launch, grace, service=True)
 
     def logs(self, launch: Launch, cursor: LogCursor | None = None) -> tuple[list[str], LogCursor]:
         """Complete new lines of every started rank's log since `cursor`, as `[rank i] line`;
         raises LogsUnavailable when the API server cannot read one (`pod_logs.py`)."""
-        launch = _kube(launch)
+        launch = manifests.kube_launch(launch)
         return gang_lines(self.core, launch, self._pods_seen(launch), cursor)
 
     def reattach(self, job_id: str, attempt: int, *, team: str | None = None) -> KubeLaunch | None:
@@ -483,15 +488,6 @@ class KubernetesRuntime:
     def _delete_one(self, kind: str, namespace: str, name: str, grace_s: float = 0) -> None:
         call = getattr(self.core, f"delete_namespaced_{kind}")  # pod, service
         unless_gone(call, name, namespace, grace_period_seconds=round(grace_s))
-
-
-def _kube(launch: Launch) -> KubeLaunch:
-    if not isinstance(launch, KubeLaunch):
-        raise LaunchError(
-            f"launch: a {launch.runtime!r} launch cannot be followed by the Kubernetes "
-            "runtime; use the runtime that launched it (or launch_from_dict)"
-        )
-    return launch
 
 
 def _running(pod: Any) -> bool:
