@@ -24,12 +24,10 @@ import argparse
 import hashlib
 import json
 import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import BaseModel, ConfigDict
 
@@ -37,6 +35,7 @@ from berth.runtime.kubernetes.build_manifests import delete_exact
 from berth.runtime.kubernetes.pods import KubeSettings, job_name, namespace_for
 from berth.runtime.kubernetes.staging import (
     MAX_RESULT,
+    OneShotPods,
     Stager,
     one_shot_end,
     one_shot_pod_manifest,
@@ -261,18 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 # ---- the pod's life -------------------------------------------------------------------------
 
 
-class Collector:
+class Collector(OneShotPods):
     """Runs a job's collector pod in its team's namespace and reads what it collected."""
-
-    def __init__(
-        self,
-        core: client.CoreV1Api,
-        settings: KubeSettings,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        self.core, self.settings, self.clock, self.sleep = core, settings, clock, sleep
 
     def collect(
         self,
@@ -350,10 +339,6 @@ class Collector:
             return decode_result(message)
         except CollectorFailed as e:
             raise CollectorFailed(f"{where} exited with code {exit_code}: {e}") from None
-
-    def _pod(self, namespace: str, name: str) -> Any | None:
-        found = self.core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}")
-        return found.items[0] if found.items else None
 
 
 if __name__ == "__main__":

@@ -254,8 +254,9 @@ def _progress() -> Callable[[str, int, int | None], None]:
 # ---- the pod's life -------------------------------------------------------------------------
 
 
-class Stager:
-    """Runs staging pods in team namespaces and reads what they staged."""
+class OneShotPods:
+    """What runs one-shot pods in team namespaces needs: the API, the settings, a clock and a
+    sleep (the tests' own), and reading a pod by name."""
 
     def __init__(
         self,
@@ -266,6 +267,14 @@ class Stager:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.core, self.settings, self.clock, self.sleep = core, settings, clock, sleep
+
+    def _pod(self, namespace: str, name: str) -> Any | None:
+        found = self.core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}")
+        return found.items[0] if found.items else None
+
+
+class Stager(OneShotPods):
+    """Runs staging pods in team namespaces and reads what they staged."""
 
     def stage(self, team: str, inputs: Sequence[str], *, poll_s: float = 2.0) -> StagedInputs:
         """Stage `inputs` into the team's volume and return where replicas read them; waits
@@ -397,10 +406,6 @@ class Stager:
             return decode_result(message, inputs, mount)
         except StagingPodFailed as e:
             raise StagingPodFailed(f"{where} exited with code {exit_code}: {e}") from None
-
-    def _pod(self, namespace: str, name: str) -> Any | None:
-        found = self.core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}")
-        return found.items[0] if found.items else None
 
 
 def one_shot_end(pod: Any, where: str, less: str, error: type[Exception]) -> tuple[int, str] | None:
