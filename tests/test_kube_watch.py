@@ -127,16 +127,23 @@ def test_a_gang_that_ended_is_removed_at_once_and_a_running_one_gets_its_grace(
     them."""
     g, fast = watched
     ended, running = g.launch(), g.launch(job_id=g.kube.unique_name("Other"))
+    failed = g.launch(job_id=g.kube.unique_name("Failed"))
     g.kubelet.sync()
     for rep in ended.replicas:
         g.kubelet.finish(g.ns, rep.pod, 0)
-    wait_for(lambda: cached(fast, ended) and cached(fast, running), "the watch to catch up")
+    for rep in failed.replicas:
+        g.kubelet.finish(g.ns, rep.pod, rep.rank * 3)  # rank 1 exits 3
+    gangs = (ended, running, failed)
+    wait_for(lambda: all(cached(fast, x) for x in gangs), "the watch to catch up")
     counting = Counting(fast.core)
     fast.core = counting  # type: ignore[assignment]
     fast.stop(ended)
     assert "patch_namespaced_service" not in counting.calls  # one request fewer per job
+    fast.stop(failed)  # its Service may hold its failure record: marked, then deleted
+    assert counting.calls.count("patch_namespaced_service") == 1
+    assert g.pods(failed) == {}  # ended: gone at once all the same
     fast.stop(running)
-    assert "patch_namespaced_service" in counting.calls  # marked stopped, then deleted
+    assert counting.calls.count("patch_namespaced_service") == 2  # marked, then deleted
     assert g.pods(ended) == {}  # gone at once: nobody had to confirm them
     assert g.services() == []  # both attempts' Services went with them
     after = g.runtime.poll(ended)  # from the API server: what any later poller reads

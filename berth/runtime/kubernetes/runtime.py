@@ -342,11 +342,13 @@ class KubernetesRuntime:
         self._seen.pop(watched.attempt_key(launch), None)
         grace = self.settings.grace_s if grace_s is None else grace_s
         ns = launch.namespace
+        ended = watched.end_phases(self.watch, launch)
+        grace = 0 if ended else grace  # no container left to signal: removed at once
         with unavailable_as("the attempt could not be stopped for now"):
-            if watched.all_ended(self.watch, launch):
-                # Nothing runs (a phase never leaves Succeeded or Failed): the Service goes
-                # first, which tells a later poll "stopped" as the annotation would, for one
-                # request less; then the pods at once, no container being left to signal.
+            if ended == {"Succeeded"}:
+                # The Service goes first, which tells a later poll "stopped" as the annotation
+                # would, for one request less (a failed gang's Service holds its failure
+                # record, which polls read until the end: not this way).
                 self._delete_one("service", ns, launch.service)
                 self._delete(launch, 0)
                 self.claims.delete(launch)

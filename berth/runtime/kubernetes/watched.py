@@ -74,11 +74,13 @@ def gang_from_watch(
     return KubeGangStatus(state=state, replicas=replicas, **common), seen
 
 
-def all_ended(watch: ClusterWatch | None, launch: KubeLaunch) -> bool:
-    """Whether a fresh watch holds every replica of the attempt in Succeeded or Failed, phases
-    a pod never leaves: no container is left to signal."""
+def end_phases(watch: ClusterWatch | None, launch: KubeLaunch) -> frozenset[str]:
+    """The phases of the attempt's replicas when a fresh watch holds every one of them ended
+    (Succeeded or Failed, phases a pod never leaves: no container is left to signal); empty
+    otherwise."""
     found = pods(watch, launch)
-    return bool(found) and all(p.status.phase in ("Succeeded", "Failed") for p in found.values())
+    phases = frozenset(p.status.phase for p in (found or {}).values())
+    return phases if phases and phases <= {"Succeeded", "Failed"} else frozenset()
 
 
 def pods(watch: ClusterWatch | None, launch: KubeLaunch) -> dict[int, Any] | None:
