@@ -99,15 +99,21 @@ def test_a_triggerer_killed_mid_launch_hands_its_job_to_the_other(
         _conf("blocker", "vision", 2, 4, f"while [ ! -e {release} ]; do sleep 0.2; done"),
     )
     try:  # the blocker ends (the file appears) once the gang waits in a trigger, or on failure
-        wait_for(lambda: _running(platform, blocker_run), "the blocker", RUN_DEADLINE_S, 1.0)
+        wait_for(
+            lambda: _running(platform, blocker_run),
+            "the blocker running",
+            RUN_DEADLINE_S,
+            1.0,
+            detail=lambda: _where_the_runs_are(platform, blocker_run),
+        )
         assert store.usage()["vision"].gpus == 8
         gang_run = af.api.trigger("berth_job", _conf(GANG, "vision", 2, 1, LONG_THEN_SHORT))
         first = wait_for(
-            lambda: _waiting_in_a_trigger(platform, gang_run),
+            lambda: _waiting_in_a_trigger(platform, gang_run, blocker_run),
             "the gang waiting for admission in a trigger",
             RUN_DEADLINE_S,
             1.0,
-            detail=lambda: _where_the_gang_is(platform, gang_run),
+            detail=lambda: _where_the_runs_are(platform, gang_run, blocker_run),
         )
     finally:
         release.touch()
@@ -191,10 +197,17 @@ def _wait_ti(af: Any, run_id: str) -> dict[str, Any]:
     return ti
 
 
-def _waiting_in_a_trigger(platform: Platform, run_id: str) -> int | None:
+def _waiting_in_a_trigger(platform: Platform, run_id: str, blocker_run: str) -> int | None:
     """The triggerer (its Airflow job id) running the wait task's trigger, once the task is
-    deferred and its job queued in the store; else None."""
+    deferred and its job queued in the store; else None. Fails at once, saying why, if the
+    blocker is no longer running: the gang can then never wait, and the test proves nothing."""
     platform.airflow.assert_alive()
+    blocker = _jobs_of(platform.store, blocker_run)
+    if not blocker or blocker[0].state != "running":
+        pytest.fail(
+            "the blocker stopped running before the gang waited in a trigger\n"
+            + _where_the_runs_are(platform, run_id, blocker_run)
+        )
     jobs = _jobs_of(platform.store, run_id)
     ti = _wait_ti(platform.airflow, run_id)
     trigger = ti.get("trigger") or {}
@@ -203,17 +216,25 @@ def _waiting_in_a_trigger(platform: Platform, run_id: str) -> int | None:
     return trigger.get("triggerer_id")
 
 
-def _where_the_gang_is(platform: Platform, run_id: str) -> str:
-    """What the wait above saw last, for its failure message: the run's task instances (state,
-    trigger), the store's jobs of the run, the live triggerers, and the components' logs."""
-    af = platform.airflow
-    tis = [
-        (ti["task_id"], ti["state"], ti.get("try_number"), ti.get("trigger"))
-        for ti in af.api.task_instances("berth_job", run_id)
-    ]
-    jobs = [(j.name, j.state, j.attempt) for j in _jobs_of(platform.store, run_id)]
+def _where_the_runs_are(platform: Platform, *run_ids: str) -> str:
+    """For a failure message: each run's task instances (state, try, trigger), its jobs in the
+    store with their events, the log of every task that failed, the live triggerers, and the
+    components' logs."""
+    af, out = platform.airflow, []
+    for run_id in run_ids:
+        tis = af.api.task_instances("berth_job", run_id)
+        out.append(f"== run {run_id}")
+        out += [f"  {t['task_id']}: {t['state']} try {t.get('try_number')} {t.get('trigger')}"
+                for t in tis]  # fmt: skip
+        for job in _jobs_of(platform.store, run_id):
+            out.append(f"  job {job.id}: {job.state}, attempt {job.attempt}, exit {job.exit_code}")
+            out += [f"    {e.t:.3f} {e.type} {dict(e.data)}" for e in platform.store.events(job.id)]
+        for ti in tis:
+            if ti["state"] in ("failed", "upstream_failed", "up_for_retry"):
+                log = _task_log(af, run_id, ti["task_id"], max(1, ti.get("try_number") or 1))
+                out.append(f"  --- log of {ti['task_id']} ---\n{log[-4000:]}")
     alive = [j.get("hostname") for j in _alive_triggerers(platform)]
-    return f"task instances: {tis}\njobs: {jobs}\nlive triggerers: {alive}\n{af.log_tails()}"
+    return "\n".join([*out, f"live triggerers: {alive}", af.log_tails()])
 
 
 def _trigger_moved(af: Any, run_id: str, before: int) -> float | None:
