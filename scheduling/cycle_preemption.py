@@ -232,11 +232,16 @@ class PreemptionSteps:
     def _try_model_reclaim(self, pending: Pending, candidates: Candidates) -> bool | None:
         """`_reclaim_model`'s search: True if the job was admitted with its victims, False if
         it may reclaim a model but not now (the wake-ups asked for), None if it may not."""
-        job = pending.job
-        models = (
-            reclaimable_models(self.quota, self.snap.cluster, job) if self.policy.preemption else []
-        )
-        if not models:
+        if not self.policy.preemption:
+            return None
+        # Only what the job would hold within every nominal it counts in: a job that would
+        # borrow its MIG profile or its model is no lender owed, and were it to reclaim
+        # another key, the team it took from could reclaim back the key it borrows, for ever
+        # (a fresh-example hunt, seed 3525431822: a profile's key and a model's key over the
+        # same instance; tests/data/livelocks_fixed/).
+        job = _on_models_within_nominal(self.quota, self.snap.cluster.models, pending.job)
+        models = reclaimable_models(self.quota, self.snap.cluster, job) if job else []
+        if job is None or not models:
             return None
         allowed_at = pending.since + self.policy.preemption_delay_s
         if allowed_at > self.now:
