@@ -8,19 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_audit import (
-    A1,
-    B1,
-    B2,
-    BOUNDED,
-    CLUSTER,
-    DUE,
-    WHOLE,
-    C,
-    admit,
-    ev,
-    lent_out,
-)
+from audit_logs import CLUSTER, admit, ev
+from test_audit_deficit import A1, B1, B2, BOUNDED, DUE, WHOLE, C, lent_out
 from test_properties import TOPOLOGY_AWARE, _simulate
 from test_shortcuts import _load
 
