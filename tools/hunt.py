@@ -5,7 +5,8 @@ Each worker draws random seeds; for each seed it runs 60 of the crowded scenario
 speed shortcuts (the decisions must be the same), and through every topology-aware policy with
 the event-log checks and the simulator's audit (every rule, the nominal-deficit bound and the
 per-model keys included). A failing scenario is written to `<out>/fails.txt` with its seed and
-the scenario itself, ready to keep as a regression case (`tests/data/shortcuts_fixed/`,
+the scenario itself (and at once to `<out>/fails-<pid>.txt`, so a hunt cut short keeps it),
+ready to keep as a regression case (`tests/data/shortcuts_fixed/`,
 `tests/data/audit_fixed/`).
 
 What the test suite does with one fresh seed per run, this does with as many as the machine's
@@ -25,6 +26,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+_clock = time.time  # the workers' deadline clock (a test gives its own)
 
 
 def _one_seed(s0: int) -> tuple[int, str | None]:
@@ -60,18 +62,25 @@ def _one_seed(s0: int) -> tuple[int, str | None]:
     return count[0], None
 
 
-def _worker(seconds: float) -> tuple[int, int, list[str]]:
-    """Seeds tried, examples run, and a report per failing seed."""
+def _worker(args: tuple[float, Path]) -> tuple[int, int, list[str]]:
+    """Seeds tried, examples run, and a report per failing seed. Each failing seed is also
+    appended to `<out>/fails-<pid>.txt` at once, and each seed's end printed: a hunt stopped
+    from outside (a time limit on a lent machine) keeps what it found."""
+    seconds, out = args
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
     rng = random.Random(os.urandom(8))
-    end = time.time() + seconds
+    end = _clock() + seconds
     seeds = examples = 0
     fails: list[str] = []
-    while time.time() < end:
-        ran, failed = _one_seed(rng.getrandbits(32))
+    while _clock() < end:
+        s0 = rng.getrandbits(32)
+        ran, failed = _one_seed(s0)
         seeds, examples = seeds + 1, examples + ran
+        print(f"seed {s0}: {ran} examples, {'FAILED' if failed else 'ok'}", flush=True)
         if failed is not None:
             fails.append(failed)
+            with open(out / f"fails-{os.getpid()}.txt", "a") as f:
+                f.write(failed + "\n=====\n")
     return seeds, examples, fails
 
 
@@ -83,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     with mp.Pool(a.workers) as pool:
-        results = pool.map(_worker, [a.seconds] * a.workers)
+        results = pool.map(_worker, [(a.seconds, a.out)] * a.workers)
     fails = [f for _, _, fs in results for f in fs]
     (a.out / "fails.txt").write_text("\n=====\n".join(fails) + ("\n" if fails else ""))
     seeds, examples = sum(r[0] for r in results), sum(r[1] for r in results)
