@@ -44,3 +44,20 @@ def test_a_worker_writes_each_failing_seed_at_once(
     [written] = tmp_path.glob("fails-*.txt")
     assert written.read_text().count("planted") == 2
     assert all(f"seed {s}" in written.read_text() for s in calls[::2])
+
+
+def _preempt(job: str, by: str) -> dict[str, str]:
+    return {"type": "preempt", "job": job, "by": by}
+
+
+def test_ping_pong_is_two_teams_preempting_each_other_back_and_forth() -> None:
+    submits = [{"type": "submit", "job": j, "team": t} for j, t in
+               [("a1", "a"), ("a2", "a"), ("b1", "b"), ("c1", "c")]]  # fmt: skip
+    back_and_forth = [_preempt("a1", "b1"), _preempt("b1", "a2")] * hunt.PING_PONG
+    assert hunt.ping_pong(submits + back_and_forth) == (
+        f"teams a and b preempted each other's jobs {hunt.PING_PONG} and {hunt.PING_PONG} times"
+    )
+    one_turn_short = back_and_forth[:-1]
+    assert hunt.ping_pong(submits + one_turn_short) is None
+    one_way = [_preempt("a1", "b1"), _preempt("a2", "b1"), _preempt("c1", "b1")] * 20
+    assert hunt.ping_pong(submits + one_way) is None  # a borrower reclaimed, again and again

@@ -4,7 +4,8 @@ Each worker draws random seeds; for each seed it runs 60 of the crowded scenario
 `tests/test_shortcuts.py` (generated, not shrunk) through every policy with and without the
 speed shortcuts (the decisions must be the same), and through every topology-aware policy with
 the event-log checks and the simulator's audit (every rule, the nominal-deficit bound and the
-per-model keys included). A failing scenario is written to `<out>/fails.txt` with its seed and
+per-model keys included), and looks for two teams preempting each other's jobs back and forth
+(`ping_pong`). A failing scenario is written to `<out>/fails.txt` with its seed and
 the scenario itself (and at once to `<out>/fails-<pid>.txt`, so a hunt cut short keeps it),
 ready to keep as a regression case (`tests/data/shortcuts_fixed/`,
 `tests/data/audit_fixed/`).
@@ -23,6 +24,7 @@ import random
 import sys
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,14 +54,37 @@ def _one_seed(s0: int) -> tuple[int, str | None]:
             result = tp._simulate(s, name)
             tp._check_log(result.events)
             audit_or_raise(result.events, s.cluster, s.teams, s.policy(name), s.jobs)
+            if (told := ping_pong(result.events)) is not None:
+                raise AssertionError(f"policy {name}: {told}")
 
     try:
         check()
-    except Exception:  # any failure is a finding to report, with its scenario
+    except Exception as e:  # any failure is a finding to report, with its scenario
         lines = traceback.format_exc().splitlines()
         said = [ln for ln in lines if "Error" in ln or "differ" in ln or "violation" in ln]
+        said.append(f"{type(e).__name__}: {e}")  # a Livelock's line names none of those words
         return count[0], f"seed {s0}\n" + "\n".join(said)[-3000:] + f"\n{last[0]!r}"
     return count[0], None
+
+
+PING_PONG = 5  # preemptions each way; fresh examples showed at most 2 (800 replays)
+
+
+def ping_pong(events: list[dict]) -> str | None:
+    """Two teams whose jobs preempted each other's at least PING_PONG times each way: the
+    slow form of a livelock (one reclaim undone by the other team's, again and again), which
+    the simulator's guard of 10,000 preemptions of one job misses when each turn waits a
+    minimum run time. None if there are none."""
+    team = {e["job"]: e["team"] for e in events if e["type"] == "submit"}
+    ways = Counter(
+        (team[e["job"]], team[e["by"]])
+        for e in events
+        if e["type"] == "preempt" and e.get("by") in team
+    )
+    for (a, b), n in sorted(ways.items()):
+        if a < b and min(n, ways[(b, a)]) >= PING_PONG:
+            return f"teams {a} and {b} preempted each other's jobs {ways[(b, a)]} and {n} times"
+    return None
 
 
 def _worker(args: tuple[float, Path]) -> tuple[int, int, list[str]]:
