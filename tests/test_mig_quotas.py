@@ -162,6 +162,39 @@ def test_berth_check_explains_the_profile_keys(tmp_path: Path) -> None:
     assert "mig.1g.10gb: nominal 2, borrowing_limit no limit, lends 2" in out
     assert "mig.1g.10gb: no key of its own: borrows it from the pool" in out  # team b
     assert "its mig.<profile> nominals come to 0.286 GPUs by compute share, more than its " in out
+    assert "no nominal of gpus.A100" not in out  # no team declares the model: nothing to say
+
+
+def test_berth_check_says_a_profile_on_a_model_it_only_borrows_is_not_reclaimable(
+    tmp_path: Path,
+) -> None:
+    """Team a's instances sit on A100s, a model b holds a key for and a has none of: a uses
+    them by borrowing the A100, so it may not reclaim them (decision 0024); check says so, and
+    says nothing once a declares the model too."""
+    (tmp_path / "cluster.yaml").write_text(
+        "nodes:\n  - {name: m0, gpus: 2, gpu_model: A100, mig: {1: [3g.40gb, 3g.40gb]}}\n"
+    )
+
+    def check(a_nominal: str) -> str:
+        (tmp_path / "teams.yaml").write_text(
+            f"teams:\n  - {{name: a, nominal: {{{a_nominal}}}}}\n"
+            "  - {name: b, nominal: {gpus: 1, gpus.A100: 1}}\n"
+        )
+        got = CliRunner().invoke(
+            app,
+            ["check", "--cluster", str(tmp_path / "cluster.yaml"), "--teams",
+             str(tmp_path / "teams.yaml")],
+        )  # fmt: skip
+        assert got.exit_code == 0, got.output
+        return " ".join(got.output.split())
+
+    out = check("gpus: 1, mig.3g.40gb: 2")
+    assert (
+        "note: its mig.3g.40gb instances are on A100 GPUs and it has no nominal of gpus.A100: "
+        "it uses them by borrowing the model, so it may not reclaim them from a team that holds "
+        "them; declare gpus.A100 to cover them"
+    ) in out
+    assert "no nominal of gpus.A100" not in check("gpus: 1, gpus.A100: 1, mig.3g.40gb: 2")
 
 
 def test_the_store_waits_on_the_key_and_shows_each_teams_instances(tmp_path: Path) -> None:

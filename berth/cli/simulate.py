@@ -25,7 +25,7 @@ from scheduling.mig import profiles, share_of
 from scheduling.models import check_team_models, model_gpus
 from scheduling.policy import UnknownPolicyError
 from scheduling.policy_file import load_policy
-from scheduling.quota import MIG_KEY, Team, model_quotas, quota_key
+from scheduling.quota import MIG_KEY, ModelQuota, Team, model_quotas, quota_key
 from scheduling.resources import UNLIMITED, Resources
 from scheduling.simulator.baselines import POLICIES, get_policy
 from scheduling.simulator.trace import TraceFormatError, load_trace
@@ -178,6 +178,31 @@ def explain_models(team: Team, teams: Mapping[str, Team], cluster: Cluster) -> l
             f"more than its gpus nominal ({team.nominal.gpu / 1000:g}); instances count in "
             "gpus too, so the rest would be borrowed: raise gpus to cover them"
         )
+    lines += _profiles_on_borrowed_models(team, per_team[team.name], cluster)
+    return lines
+
+
+def _profiles_on_borrowed_models(
+    team: Team, keys: Mapping[str, ModelQuota], cluster: Cluster
+) -> list[str]:
+    """A profile nominal on GPUs of a model some team declares a key for and this team holds
+    none of: each instance also counts in that model's key, which this team then borrows, so
+    it may not reclaim the instances (only a job within every key it counts in reclaims;
+    decision 0024)."""
+    lines = []
+    for q in team.models:
+        if not q.model.startswith(MIG_KEY) or q.nominal <= 0:
+            continue
+        profile = q.model[len(MIG_KEY) :]
+        hosts = sorted({n.gpu_model for n in cluster.nodes if any(p == profile for _, p in n.mig)})
+        short = [m for m in hosts if m in keys and keys[m].nominal <= 0]
+        if short:
+            models = ", ".join(f"gpus.{m}" for m in short)
+            lines.append(
+                f"note: its {q.model} instances are on {', '.join(short)} GPUs and it has no "
+                f"nominal of {models}: it uses them by borrowing the model, so it may not "
+                f"reclaim them from a team that holds them; declare {models} to cover them"
+            )
     return lines
 
 
