@@ -4,10 +4,10 @@ Each worker draws random seeds; for each seed it runs 60 of the crowded scenario
 `tests/test_shortcuts.py` (generated, not shrunk) through every policy with and without the
 speed shortcuts (the decisions must be the same), and through every topology-aware policy with
 the event-log checks and the simulator's audit (every rule, the nominal-deficit bound and the
-per-model keys included), and looks for two teams preempting each other's jobs back and forth
-(`ping_pong`). A failing scenario is written to `<out>/fails.txt` with its seed and
-the scenario itself (and at once to `<out>/fails-<pid>.txt`, so a hunt cut short keeps it),
-ready to keep as a regression case (`tests/data/shortcuts_fixed/`,
+per-model keys included), and, under Berth's victim rule, looks for two teams preempting each
+other's jobs back and forth (`ping_pong`). A failing scenario is written to `<out>/fails.txt`
+with its seed and the scenario itself (and at once to `<out>/fails-<pid>.txt`, so a hunt cut
+short keeps it), ready to keep as a regression case (`tests/data/shortcuts_fixed/`,
 `tests/data/audit_fixed/`).
 
 What the test suite does with one fresh seed per run, this does with as many as the machine's
@@ -54,7 +54,11 @@ def _one_seed(s0: int) -> tuple[int, str | None]:
             result = tp._simulate(s, name)
             tp._check_log(result.events)
             audit_or_raise(result.events, s.cluster, s.teams, s.policy(name), s.jobs)
-            if (told := ping_pong(result.events)) is not None:
+            # Under Kueue's victim rule (a victim's team may end below its nominal) reclaims
+            # may go back and forth as load moves, by design (the replay still settles);
+            # under Berth's they may not (decision 0022).
+            keeps = s.policy(name).victim_keeps_nominal
+            if keeps and (told := ping_pong(result.events)) is not None:
                 raise AssertionError(f"policy {name}: {told}")
 
     try:
@@ -67,7 +71,9 @@ def _one_seed(s0: int) -> tuple[int, str | None]:
     return count[0], None
 
 
-PING_PONG = 5  # preemptions each way; fresh examples showed at most 2 (800 replays)
+# Preemptions each way. 800 fresh replays (every policy) showed at most 2; under Kueue's
+# victim rule, which allows it, a 14-minute hunt found 6 to 8 (kueue-tas, berth-quick-reclaim).
+PING_PONG = 5
 
 
 def ping_pong(events: list[dict]) -> str | None:
