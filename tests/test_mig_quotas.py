@@ -144,21 +144,26 @@ def test_a_replay_keeps_every_profile_key_and_the_audit_checks_it(policy: str) -
     assert "uses 4 mig.1g.10gb, above its nominal + borrowing_limit of 3" in messages
 
 
-def test_berth_check_explains_the_profile_keys(tmp_path: Path) -> None:
-    (tmp_path / "cluster.yaml").write_text(
-        "nodes:\n  - {name: m0, gpus: 2, gpu_model: A100, mig: {1: [1g.10gb, 1g.10gb, 1g.10gb]}}\n"
-    )
-    (tmp_path / "teams.yaml").write_text(
-        "teams:\n  - {name: a, nominal: {gpus: 0.2, mig.1g.10gb: 2}}\n  - {name: b, nominal: "
-        "{gpus: 1}}\n"
-    )
+def _berth_check(folder: Path, cluster: str, teams: str) -> str:
+    """`berth check` on these cluster and teams files; its output on one line."""
+    (folder / "cluster.yaml").write_text(cluster)
+    (folder / "teams.yaml").write_text(teams)
     got = CliRunner().invoke(
         app,
-        ["check", "--cluster", str(tmp_path / "cluster.yaml"), "--teams",
-         str(tmp_path / "teams.yaml")],
+        ["check", "--cluster", str(folder / "cluster.yaml"), "--teams",
+         str(folder / "teams.yaml")],
     )  # fmt: skip
     assert got.exit_code == 0, got.output
-    out = " ".join(got.output.split())
+    return " ".join(got.output.split())
+
+
+def test_berth_check_explains_the_profile_keys(tmp_path: Path) -> None:
+    out = _berth_check(
+        tmp_path,
+        "nodes:\n  - {name: m0, gpus: 2, gpu_model: A100, mig: {1: [1g.10gb, 1g.10gb, 1g.10gb]}}\n",
+        "teams:\n  - {name: a, nominal: {gpus: 0.2, mig.1g.10gb: 2}}\n  - {name: b, nominal: "
+        "{gpus: 1}}\n",
+    )
     assert "mig.1g.10gb: nominal 2, borrowing_limit no limit, lends 2" in out
     assert "mig.1g.10gb: no key of its own: borrows it from the pool" in out  # team b
     assert "its mig.<profile> nominals come to 0.286 GPUs by compute share, more than its " in out
@@ -171,22 +176,14 @@ def test_berth_check_says_a_profile_on_a_model_it_only_borrows_is_not_reclaimabl
     """Team a's instances sit on A100s, a model b holds a key for and a has none of: a uses
     them by borrowing the A100, so it may not reclaim them (decision 0024); check says so, and
     says nothing once a declares the model too."""
-    (tmp_path / "cluster.yaml").write_text(
-        "nodes:\n  - {name: m0, gpus: 2, gpu_model: A100, mig: {1: [3g.40gb, 3g.40gb]}}\n"
-    )
 
     def check(a_nominal: str) -> str:
-        (tmp_path / "teams.yaml").write_text(
+        return _berth_check(
+            tmp_path,
+            "nodes:\n  - {name: m0, gpus: 2, gpu_model: A100, mig: {1: [3g.40gb, 3g.40gb]}}\n",
             f"teams:\n  - {{name: a, nominal: {{{a_nominal}}}}}\n"
-            "  - {name: b, nominal: {gpus: 1, gpus.A100: 1}}\n"
+            "  - {name: b, nominal: {gpus: 1, gpus.A100: 1}}\n",
         )
-        got = CliRunner().invoke(
-            app,
-            ["check", "--cluster", str(tmp_path / "cluster.yaml"), "--teams",
-             str(tmp_path / "teams.yaml")],
-        )  # fmt: skip
-        assert got.exit_code == 0, got.output
-        return " ".join(got.output.split())
 
     out = check("gpus: 1, mig.3g.40gb: 2")
     assert (
