@@ -209,6 +209,20 @@ class Runtime(Protocol):
         ...
 
 
+L = TypeVar("L", bound=Launch)
+
+
+def own_launch(launch: Launch, kind: type[L], runtime: str) -> L:
+    """`launch` as the record of the runtime named `runtime` (whose launches are `kind`);
+    LaunchError for another runtime's."""
+    if not isinstance(launch, kind):
+        raise LaunchError(
+            f"launch: a {launch.runtime!r} launch cannot be followed by the {runtime} runtime; "
+            "use the runtime that launched it (or its launch_from_dict)"
+        )
+    return launch
+
+
 def check_launch(
     job_id: str,
     attempt: int,

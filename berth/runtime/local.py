@@ -41,6 +41,7 @@ from berth.runtime.base import (
     ReplicaStatus,
     check_launch,
     first_failure,
+    own_launch,
     replica_env,
     replica_handles,
 )
@@ -359,12 +360,7 @@ def _write_manifest(launch: LocalLaunch) -> None:
 
 
 def _local(launch: _Launch) -> LocalLaunch:
-    if not isinstance(launch, LocalLaunch):
-        raise LaunchError(
-            f"launch: a {launch.runtime!r} launch cannot be followed by the local runtime; "
-            "use the runtime that launched it"
-        )
-    return launch
+    return own_launch(launch, LocalLaunch, "local")
 
 
 def _with_pid(attempt_dir: Path, rep: LocalReplica) -> LocalReplica:

@@ -49,7 +49,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from berth.runtime.base import Launch, LaunchError, ReplicaHandle, replica_env, replica_handles
+from berth.runtime.base import (
+    Launch,
+    LaunchError,
+    ReplicaHandle,
+    own_launch,
+    replica_env,
+    replica_handles,
+)
 from berth.runtime.kubernetes.dra import DraSettings, pod_fields
 from berth.runtime.kubernetes.inventory import BERTH, MANAGED_BY
 from berth.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, Toleration
@@ -174,12 +181,7 @@ def new_launch(
 
 def kube_launch(launch: Launch) -> KubeLaunch:
     """`launch` as this runtime's record; LaunchError for another runtime's."""
-    if not isinstance(launch, KubeLaunch):
-        raise LaunchError(
-            f"launch: a {launch.runtime!r} launch cannot be followed by the Kubernetes "
-            "runtime; use the runtime that launched it (or launch_from_dict)"
-        )
-    return launch
+    return own_launch(launch, KubeLaunch, "Kubernetes")
 
 
 def attempt_key(obj: Any) -> tuple[str, int]:
