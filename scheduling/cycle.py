@@ -38,7 +38,7 @@ from scheduling.decisions import (
     Reason,
     Status,
 )
-from scheduling.jobs import Job, Pending, Placement, Running
+from scheduling.jobs import Job, Pending, Placement, Running, rank_words
 from scheduling.model_choice import FasterModel, ModelChoice
 from scheduling.model_quotas import ModelQuotaPlacer
 from scheduling.models import accepted_models, gpus_by_model
@@ -170,7 +170,7 @@ class Cycle(PreemptionSteps):
                 own = sum(self.cap.free_gpus(i) for i in res.nodes)
                 if self.cap.domain_free[CLUSTER][CLUSTER] + own < job.whole_gpus * job.replicas:
                     continue
-            if job.priority < self.preempted_ceiling.get(job.team, job.priority):
+            if job.rank < self.preempted_ceiling.get(job.team, job.rank):
                 self._wait_for_next_instant()
                 continue  # its team just lost a job of higher priority: that one goes first
             if self.quota.check(job.team, job.demand, job.preemptible) is None:
@@ -255,11 +255,11 @@ class Cycle(PreemptionSteps):
         """Admit the job (with a preemption plan if it needs one), or say why it waits."""
         job = pending.job
         ceiling = self.preempted_ceiling.get(job.team)
-        if ceiling is not None and job.priority < ceiling:
+        if ceiling is not None and job.rank < ceiling:
             self._wait_for_next_instant()
             return Status.SKIPPED, PendingReason(
                 Reason.BEHIND,
-                f"a job of team {job.team} with priority {ceiling} was preempted just now; it "
+                f"a job of team {job.team} with {rank_words(ceiling)} was preempted just now; it "
                 "goes back to the queue first",
             )
         problem = None
@@ -411,8 +411,8 @@ class Cycle(PreemptionSteps):
     def _admit(self, job: Job, placement: Placement, preempts: tuple[str, ...] = ()) -> None:
         self.admitted_ids.add(job.id)
         floor = self.admitted_floor.get(job.team)
-        if floor is None or job.priority < floor:
-            self.admitted_floor[job.team] = job.priority
+        if floor is None or job.rank < floor:
+            self.admitted_floor[job.team] = job.rank
         self.cap.take_placement(placement, job.cpu, job.mem)
         self.quota.add(job.team, job.demand)
         if self.model_quotas:

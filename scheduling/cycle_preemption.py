@@ -85,7 +85,7 @@ class PreemptionSteps:
             floor = self.running_floor.get(team, _UNKNOWN)
             if floor is _UNKNOWN:
                 floor = self.running_floor[team] = _lowest(self.snap.running_priorities, team)
-            if floor is None or floor >= job.priority:
+            if floor is None or floor >= job.rank:
                 return None
         # Waiting a little often beats killing work: turnover frees room without a restart.
         allowed_at = pending.since + self.policy.preemption_delay_s
@@ -131,7 +131,7 @@ class PreemptionSteps:
         # says nothing of a preemptible one's (seed 2904074779: a non-preemptible 4-GPU job's
         # failed search skipped a preemptible 5-GPU one's, which EXACT found a plan for).
         key = (
-            job.team, job.priority, job.topology, job.shared, job.replicas, job.preemptible,
+            job.team, job.rank, job.topology, job.shared, job.replicas, job.preemptible,
             job.gpu_models, job.mixed_models, job.mig,
         )  # fmt: skip
         known_to_fail = any(
@@ -192,6 +192,7 @@ class PreemptionSteps:
                 self.policy.max_preemptions,
                 self.policy.max_victim_runtime_s,
                 self.policy.checkpoint_aware,
+                saved_guards=self.policy.las,
             )
         return self.victim_pool
 
@@ -207,8 +208,8 @@ class PreemptionSteps:
                 self.quota.remove_models(v.team, by_model)
             self.victims.add(v.id)
             self.result.preempted.append(Preempt(v.id, job.id))
-            if v.priority > self.preempted_ceiling.get(v.team, v.priority - 1):
-                self.preempted_ceiling[v.team] = v.priority
+            if v.rank > self.preempted_ceiling.get(v.team, v.rank - 1):
+                self.preempted_ceiling[v.team] = v.rank
             candidates.changed(v.team)
         self._admit(job, plan.placement, tuple(v.job.id for v in plan.victims))
         # Capacity grew beyond what the preemptor took: what failed may fit now, and a search

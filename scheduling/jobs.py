@@ -20,6 +20,11 @@ class Job:
     never), so a preemption loses only the work since its last one (`Running.unsaved_s`).
     `gpu_models`: the GPU models it accepts, in order of preference (empty: any); every
     replica runs on one model unless `mixed_models` (`scheduling/models.py`).
+    `demoted`: under least attained service (`Policy.las_demote_after_gpu_s`), the job has had
+    its share of service and goes below the jobs of its priority that have not; the engine
+    sets it (`EngineState.demote_due`), never the user. Every decision of the engine compares
+    `rank`, not `priority`: twice the priority, plus one unless demoted, so a demoted job ranks
+    below its priority's other jobs and above every job of a lower priority.
     Validation lives in `admission.check_job`; the engine trusts a Job.
     """
 
@@ -40,6 +45,8 @@ class Job:
     # A MIG profile (`scheduling/mig.py`): each replica takes one instance of it, and `gpu`
     # is the instance's compute share. Empty: whole or fractional GPUs.
     mig: str = ""
+    demoted: bool = False
+    rank: int = field(init=False, repr=False, compare=False)
     demand: Resources = field(init=False, repr=False, compare=False)  # the whole gang's request
     # Jobs of one shape and team succeed or fail alike within a cycle (the class queues); the
     # time limit is part of it, as it decides which reserved nodes a job may backfill.
@@ -53,8 +60,9 @@ class Job:
     def __post_init__(self) -> None:
         r = self.replicas
         object.__setattr__(self, "demand", Resources(self.gpu * r, self.cpu * r, self.mem * r))
+        object.__setattr__(self, "rank", 2 * self.priority + (0 if self.demoted else 1))
         shape = (
-            self.priority,
+            self.rank,
             r,
             self.gpu,
             self.cpu,
@@ -75,6 +83,12 @@ class Job:
     @property
     def per_replica(self) -> Resources:
         return Resources(self.gpu, self.cpu, self.mem)
+
+
+def rank_words(rank: int) -> str:
+    """A `Job.rank` as a user reads it: its priority, and whether the job was demoted."""
+    priority, upper = divmod(rank, 2)
+    return f"priority {priority}" + ("" if upper else " (demoted: least attained service)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +137,7 @@ class Running:
     # Per node: (node, whole GPUs, replicas there), for the one-node search's index.
     node_entries: tuple[tuple[int, int, int], ...] = field(init=False, repr=False, compare=False)
     gpu: int = field(init=False, repr=False, compare=False)  # job.demand.gpu, read per victim
-    # The order in which victims are chosen: cheapest losses first (lower priority, then the
+    # The order in which victims are chosen: cheapest losses first (lower rank, then the
     # most recently started, then by id).
     loss: tuple[int, float, str] = field(init=False, repr=False, compare=False)
 
@@ -143,7 +157,7 @@ class Running:
         )
         object.__setattr__(self, "shares_gpu", shares)
         object.__setattr__(self, "gpu", self.job.demand.gpu)
-        object.__setattr__(self, "loss", (self.job.priority, -self.start_time, self.job.id))
+        object.__setattr__(self, "loss", (self.job.rank, -self.start_time, self.job.id))
 
     def unsaved_s(self, now: float) -> float:
         """Seconds of this run that a preemption at `now` destroys: all of them, or those since
@@ -164,7 +178,7 @@ def clock_order(p: Pending) -> tuple[float, float, int]:
 
 @dataclass(frozen=True, slots=True)
 class Pending:
-    """A queued job; `order` sorts a team's queue (priority first, then FIFO).
+    """A queued job; `order` sorts a team's queue (`Job.rank`, then FIFO).
 
     `enqueued` and `seq` are its place in the queue, kept across preemptions (a preempted job
     goes back to its old place); `since` is when its current wait began (its submission, or
@@ -185,7 +199,7 @@ class Pending:
     klass: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "order", (-self.job.priority, self.enqueued, self.seq))
+        object.__setattr__(self, "order", (-self.job.rank, self.enqueued, self.seq))
         if self.since < 0:
             object.__setattr__(self, "since", self.enqueued)
         restarted = self.since != self.enqueued

@@ -111,7 +111,7 @@ def _search(ask: _Ask, guarded: bool, max_candidates: int) -> PreemptionPlan | N
             continue
         floor = spared_above.get(team, _NO_FLOOR)
         for r in pool.reclaimable(team, guarded):
-            if r.job.id in excluded or r.job.priority > floor:
+            if r.job.id in excluded or r.job.rank > floor:
                 continue
             held = gpus_by_model(cluster, r.placement.replicas).get(model, 0)
             if held:
@@ -134,7 +134,7 @@ def _search(ask: _Ask, guarded: bool, max_candidates: int) -> PreemptionPlan | N
     if placement is None:
         return None
     # Put back every victim the job can do without, the costliest first.
-    for victim in sorted(taken[:-1], key=lambda r: (-r.job.priority, r.start_time)):
+    for victim in sorted(taken[:-1], key=lambda r: (-r.job.rank, r.start_time)):
         rest = [r for r in taken if r is not victim]
         found = _room(cap, quota, on_model, model, rest, place)
         if found is not None:

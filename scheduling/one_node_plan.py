@@ -93,7 +93,7 @@ def plan_on_index(
         # nodes per search in a 2,000-node cycle.
         first = victims[0][0]
         per_gpu = first.start_time if now is None else -first.unsaved_s(now)
-        heap.append(((first.job.priority, lack, 1, -lack * per_gpu, node), None))
+        heap.append(((first.job.rank, lack, 1, -lack * per_gpu, node), None))
     heapq.heapify(heap)
     # Cheapest option first, the preemptor's quota with its victims gone (checked only for
     # the options looked at: a cluster has thousands of nodes), then a real placement: enough
@@ -107,7 +107,7 @@ def plan_on_index(
             if chosen is not None:
                 # Between options of equal priority, GPUs and count, the least work lost.
                 cost = (
-                    max(v.job.priority for v in chosen),
+                    max(v.job.rank for v in chosen),
                     sum(v.job.demand.gpu for v in chosen),
                     len(chosen),
                     sum(lost(v) for v in chosen),

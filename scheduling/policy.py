@@ -8,6 +8,7 @@ simulator (`scheduling/simulator/baselines.py`): the production cycle never runs
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -90,6 +91,19 @@ class Policy:
     # what that saves it (`scheduling/model_choice.py`). False: it takes the fastest model
     # with room now. Needs the run times the snapshot carries (`Snapshot.run_times`).
     expected_finish_models: bool = False
+    # Least attained service (Tiresias's two queues per priority; docs/decisions/0014): a
+    # running job that checkpoints (Job.checkpoint_s) is demoted once it has had this many
+    # GPU-seconds of service over all its runs, below its priority's other jobs, which may
+    # then preempt it as a lower priority (after their preemption delay, whole gangs). Under
+    # it the guards of long work read a checkpointing job's unsaved work, not its run time,
+    # and its preemptions are not counted: it loses at most one checkpoint interval each
+    # time. Jobs that never checkpoint are never demoted, and keep every guard. inf: off.
+    las_demote_after_gpu_s: float = math.inf
+
+    @property
+    def las(self) -> bool:
+        """Whether least attained service is on (`las_demote_after_gpu_s` finite)."""
+        return self.las_demote_after_gpu_s != math.inf
 
     @property
     def reclaim_bound_s(self) -> float:
@@ -129,6 +143,9 @@ POLICIES: dict[str, Policy] = {
         # Where a job accepting several GPU models is expected to finish first, not the
         # fastest with room now (docs/decisions/0022).
         replace(BERTH, name="berth-expected-finish", expected_finish_models=True),
+        # Least attained service at the threshold the LAS experiment chose on the tuning
+        # cases, 4 GPU-hours (docs/decisions/0014); only for jobs that checkpoint.
+        replace(BERTH, name="berth-las", las_demote_after_gpu_s=4 * 3600.0),
         # The other end of the trade-off (docs/decisions/0003, "Kueue's victim rule"): a
         # lender's reclaim at once, its guards lifted after 10 min, and Kueue's victim rule.
         replace(

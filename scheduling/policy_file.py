@@ -25,6 +25,9 @@ the one that runs.
                                # than its team's nominal never preempts
     expected_finish_models: false  # true: a job that accepts several GPU models waits for a
                                # faster one where it is expected to finish sooner there
+    las_demote_after_gpu_s: .inf   # least attained service: a job that checkpoints goes below
+                               # its priority's others after this many GPU-seconds of service
+                               # (berth-las: 14400); the simulator only, so far
 
 Team weights for fair sharing live with the quotas, in teams.yaml (`weight`).
 """
@@ -71,6 +74,7 @@ class PolicyFile(BaseModel):
     tree_reclaim: Literal["prefer", "strict"] | None = None
     preempts_beyond_nominal: bool | None = None
     expected_finish_models: bool | None = None
+    las_demote_after_gpu_s: Annotated[float, Field(gt=0)] | None = None  # .inf: off
 
     @field_validator("base")
     @classmethod

@@ -45,7 +45,7 @@ def _reachable(
     """An upper bound on the GPUs the allowed victims hold now, and the teams it may reclaim
     from (victims already taken in this cycle included; with `subtrees`, only teams whose
     cohorts lend back to the job's, `victim_rules.lends_back`)."""
-    reachable = pool.gpus_below(job.team, job.priority)
+    reachable = pool.gpus_below(job.team, job.rank)
     lenders = []
     if reclaims:
         for team in quota.borrowers:  # the order is of no matter: victims are sorted by loss
@@ -115,7 +115,7 @@ def plan_preemption(
         )
         if not job.shared and reachable < _need(cap, job):
             return None  # even every allowed victim would not free enough GPUs
-        below = min(job.priority, spared.get(job.team, _NO_FLOOR) + 1)
+        below = min(job.rank, spared.get(job.team, _NO_FLOOR) + 1)
         if not lenders and not quota.fits_after_release(
             job.team, job.demand, job.preemptible, pool.demand_below(job.team, below)
         ):
@@ -213,7 +213,7 @@ def _candidates(
 def _allowed_of(runs: Iterable[Running], excluded: set[str], floor: int) -> Iterator[Running]:
     """`runs` not excluded, of a priority up to `floor`. A function, not a generator expression
     in the caller's loop: the sources are read after the loop, when its `floor` has moved on."""
-    return (r for r in runs if r.job.id not in excluded and r.job.priority <= floor)
+    return (r for r in runs if r.job.id not in excluded and r.job.rank <= floor)
 
 
 def _allowed(
@@ -303,7 +303,7 @@ def _plan_prefix(
     trial_cap, trial_quota = without(lo)
     # Prune: put back every victim the preemptor can do without, the costliest first.
     models = quota.has_models
-    for victim in sorted(chosen[:-1], key=lambda r: (-r.job.priority, r.start_time)):
+    for victim in sorted(chosen[:-1], key=lambda r: (-r.job.rank, r.start_time)):
         v = victim.job
         if not _free(trial_cap, victim):
             continue

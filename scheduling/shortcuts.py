@@ -187,11 +187,11 @@ def rerun_settles(result: CycleResult, state: EngineState, policy: Policy) -> Cy
                 job = p.job
                 if p.not_before > now:
                     return None  # backing off: skipped, with a wake-up
-                if ceiling is not None and ceiling[0] == now and job.priority < ceiling[1]:
+                if ceiling is not None and ceiling[0] == now and job.rank < ceiling[1]:
                     return None  # behind its team's preempted job, with a wake-up
                 if policy.preemption and (
                     (quota.fits_nominal_with(team, job.demand) and quota.any_borrowing(team))
-                    or (floor is not None and floor < job.priority)
+                    or (floor is not None and floor < job.rank)
                 ):
                     allowed_at = p.since + policy.preemption_delay_s
                     if allowed_at <= now:

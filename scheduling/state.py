@@ -9,6 +9,8 @@ loudly instead of double-allocating.
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
@@ -22,6 +24,7 @@ from scheduling.jobs import RESTARTED, Hold, Job, Pending, Placement, Running, c
 from scheduling.models import check_team_models, gpus_by_model, model_gpus
 from scheduling.policy import Policy
 from scheduling.quota import QuotaLedger, Team
+from scheduling.resources import GPU_UNIT
 from scheduling.run_times import RunTimes
 from scheduling.snapshot import Snapshot
 
@@ -71,6 +74,11 @@ class EngineState:
         self.run_times: RunTimes | None = None
         self._origin: dict[str, Pending] = {}  # queue entries of running jobs: a preempted job
         self._seq = 0  # goes back to its old place
+        # Least attained service (Policy.las_demote_after_gpu_s): per job, the GPU-seconds of
+        # its earlier runs, and a heap of (when, job, its run's start) at which running jobs
+        # reach the threshold (stale entries are skipped when popped).
+        self.attained: dict[str, float] = {}
+        self._demotions: list[tuple[float, str, float]] = []
 
     # -- events from outside ----------------------------------------------------------------
 
@@ -90,6 +98,7 @@ class EngineState:
         self._release(run.job, run.placement)
         self._origin.pop(job_id, None)
         self.preemptions.pop(job_id, None)
+        self.attained.pop(job_id, None)
         return run
 
     def cancel(self, job_id: str) -> Job | None:
@@ -188,8 +197,50 @@ class EngineState:
         new.preemptions = dict(self.preemptions)
         new.reservations = dict(self.reservations)
         new.last_preempted = dict(self.last_preempted)
+        new.attained = dict(self.attained)
+        new._demotions = list(self._demotions)
         new.run_times = self.run_times  # read only by cycles: shared
         return new
+
+    # -- least attained service --------------------------------------------------------------
+
+    def attained_s(self, run: Running, now: float) -> float:
+        """GPU-seconds of service the job has had by `now`, over all its runs."""
+        return self.attained.get(run.job.id, 0.0) + run.gpu / GPU_UNIT * (now - run.start_time)
+
+    def demote_due(self, now: float) -> list[Running]:
+        """Demote the running jobs that reached the policy's attained-service threshold by
+        `now` (least attained service, `Policy.las_demote_after_gpu_s`): each goes below its
+        priority's other jobs, for good. Whoever runs the cycles calls this before each
+        snapshot; returns the runs as they are now (demoted), for the event log."""
+        out = []
+        heap = self._demotions
+        while heap and heap[0][0] <= now:
+            _, job_id, start = heapq.heappop(heap)
+            run = self.running.get(job_id)
+            if run is None or run.start_time != start or run.job.demoted:
+                continue  # ended or preempted since
+            self._unindex(run)
+            self._count_rank(run.job, -1)
+            job = replace(run.job, demoted=True)
+            new = self.running[job_id] = Running(job, run.placement, start, run.preemptions)
+            self._index(new)
+            origin = self._origin.get(job_id)
+            if origin is not None:  # preempted later, it goes back as demoted
+                self._origin[job_id] = replace(origin, job=job)
+            out.append(new)
+        return out
+
+    def next_demotion(self) -> float | None:
+        """When the next running job reaches the threshold; None if none will."""
+        heap = self._demotions
+        while heap:
+            _, job_id, start = heap[0]
+            run = self.running.get(job_id)
+            if run is not None and run.start_time == start and not run.job.demoted:
+                return heap[0][0]
+            heapq.heappop(heap)
+        return None
 
     def _check_new(self, job: Job) -> None:
         if job.id in self.pending or job.id in self.running or job.id in self.holds:
@@ -235,7 +286,9 @@ class EngineState:
             self._unindex(run)
             self._release(run.job, run.placement)
             self.preemptions[pre.job_id] = run.preemptions + 1
-            team, prio = run.job.team, run.job.priority
+            if self.policy.las:
+                self.attained[pre.job_id] = self.attained_s(run, now)
+            team, prio = run.job.team, run.job.rank
             when, top = self.last_preempted.get(team, (None, prio))
             self.last_preempted[team] = (now, max(prio, top) if when == now else prio)
             # Back to the queue, its waiting clock started again now: among jobs identical to
@@ -289,7 +342,17 @@ class EngineState:
     def _index(self, run: Running) -> None:
         job = run.job
         self.running_by_start.add(run)
-        self.running_priorities[job.team][job.priority] += 1
+        self.running_priorities[job.team][job.rank] += 1
+        if (
+            self.policy.las
+            and not job.demoted
+            and job.preemptible
+            and job.checkpoint_s != math.inf
+            and run.gpu > 0
+        ):
+            left = self.policy.las_demote_after_gpu_s - self.attained.get(job.id, 0.0)
+            when = run.start_time + max(0.0, left) / (run.gpu / GPU_UNIT)
+            heapq.heappush(self._demotions, (when, job.id, run.start_time))
         if job.preemptible:
             runs = self.preemptible_by_team.get(job.team)
             if runs is None:
@@ -310,10 +373,13 @@ class EngineState:
         self.capacity.give_placement(placement, job.cpu, job.mem)
         self.quota.remove(job.team, job.demand)
         self._count_models(job, placement, -1)
+        self._count_rank(job, -1)
+
+    def _count_rank(self, job: Job, sign: int) -> None:
         prios = self.running_priorities[job.team]
-        prios[job.priority] -= 1
-        if not prios[job.priority]:
-            del prios[job.priority]
+        prios[job.rank] += sign
+        if not prios[job.rank]:
+            del prios[job.rank]
 
     def _enqueue(self, p: Pending) -> Pending:
         if p.job.team not in self.queues:

@@ -12,6 +12,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import attrgetter
 
+from sortedcontainers import SortedKeyList
+
 from scheduling.capacity import Capacity
 from scheduling.jobs import Running
 from scheduling.quota import QuotaLedger
@@ -28,7 +30,7 @@ def loss_at(now: float) -> Callable[[Running], tuple]:
     never checkpoint it is `BY_LOSS`'s order (unsaved = now - start)."""
 
     def key(r: Running) -> tuple:
-        return (r.job.priority, r.unsaved_s(now), -r.start_time, r.job.id)
+        return (r.job.rank, r.unsaved_s(now), -r.start_time, r.job.id)
 
     return key
 
@@ -91,8 +93,13 @@ class VictimPool:
         max_preemptions: int,
         max_runtime_s: float = float("inf"),
         checkpoint_aware: bool = False,
+        saved_guards: bool = False,
     ) -> None:
         self.min_runtime_s = min_runtime_s
+        # Least attained service (Policy.las): a job that checkpoints is guarded by the work a
+        # preemption destroys (its unsaved seconds against max_runtime_s), not by how long it
+        # has run, and however often it was preempted.
+        self.saved_guards = saved_guards
         # Cheapest losses first: by start, or (checkpoint-aware) by the work lost now, where
         # a team's list is sorted again when it holds a job that checkpoints.
         self.checkpoint_aware = checkpoint_aware
@@ -150,6 +157,13 @@ class VictimPool:
         total = 0
         for prio in sorted(p for p, n in snap.running_priorities[team].items() if n):
             lo = runs.bisect_key_left((prio, newest))
+            if self.saved_guards:
+                chunk = self._saved_guarded(runs, lo, prio)
+                if chunk:
+                    below.append((prio, total, len(out)))
+                    total += sum(map(_GPU, chunk))
+                    out.extend(chunk)
+                continue
             hi = runs.bisect_key_right((prio, oldest))
             if lo >= hi:
                 continue
@@ -173,6 +187,32 @@ class VictimPool:
                 out.extend(chunk)
         self._gpus[team] = total
         return out
+
+    def _saved_guarded(self, runs: SortedKeyList, lo: int, rank: int) -> list[Running]:
+        """`victims`'s run of one rank under saved guards: past the minimum run time, and
+        within the guards of long work by run time, or (a job that checkpoints) by the work
+        since its last checkpoint. A walk over every older job of the rank: only policies
+        with least attained service pay it."""
+        snap = self._snap
+        now, min_rt, max_rt, max_p = (
+            snap.now,
+            self.min_runtime_s,
+            self.max_runtime_s,
+            self.max_preemptions,
+        )
+        hi = runs.bisect_key_right((rank, math.inf))
+        chunk = [
+            r
+            for r in runs[lo:hi]
+            if _young_enough(r, now, min_rt)
+            and (
+                (_not_too_old(r, now, max_rt) and r.preemptions < max_p)
+                or (r.job.checkpoint_s != math.inf and r.unsaved_s(now) <= max_rt)
+            )
+        ]
+        if self.checkpoint_aware and _checkpoints(chunk):
+            chunk.sort(key=self.loss_key)
+        return chunk
 
     def below(self, team: str, priority: int) -> list[Running]:
         """The team's victims with a priority lower than `priority`, in a new list: a prefix
@@ -279,7 +319,7 @@ class VictimPool:
         if held is None:
             runs = self.victims(team)
             if own_top is not None:
-                runs = [r for r in runs if r.job.priority < own_top]
+                runs = [r for r in runs if r.job.rank < own_top]
             held = self._held[key] = _by_node(runs)
         return held
 
@@ -351,7 +391,7 @@ class VictimPool:
         own_next = (
             r
             for r in self._upcoming_of(team)
-            if r.job.priority < top and r.preemptions < max_preemptions
+            if r.job.rank < top and r.preemptions < max_preemptions
         )
         sources = [own_next, *(iter(self._upcoming_of(t)) for t in lenders)]
         if held is None:  # the first one is the answer

@@ -202,7 +202,7 @@ class _Pool:
             self.by_team.setdefault(r.job.team, []).append(r)
 
     def below(self, team: str, priority: int) -> list[Running]:
-        return [r for r in self.by_team.get(team, []) if r.job.priority < priority]
+        return [r for r in self.by_team.get(team, []) if r.job.rank < priority]
 
     def reclaimable(self, team: str, guarded: bool) -> list[Running]:
         return self.by_team.get(team, [])
@@ -240,9 +240,9 @@ def test_candidates_are_the_allowed_victims_in_loss_order(
             for r in runs
             if r.job.id not in excluded
             and (
-                (r.job.team == "a" and r.job.priority < 3)
-                or (r.job.team == "b" and r.job.priority <= floor_b)
-                or (r.job.team == "c" and r.job.priority <= floor_c)
+                (r.job.team == "a" and r.job.rank < 3)
+                or (r.job.team == "b" and r.job.rank <= floor_b)
+                or (r.job.team == "c" and r.job.rank <= floor_c)
             )
         ),
         key=BY_LOSS,

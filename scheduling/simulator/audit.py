@@ -11,7 +11,9 @@ reclaim by a team that would then be above its nominal, a preemptor that had not
 job of its team), `rejection` (a rejected job that could run on the empty cluster within its
 team's reach), `duration` (a run that did not last duration x slowdown, or one not stopped
 exactly at its time limit), `liveness` (a job neither rejected nor finished at the end),
-`lifecycle` (an event that does not fit the job's state, or time going back), `gpu_model` (a
+`demotion` (least attained service: a job demoted before its threshold, or one that does
+not checkpoint), `lifecycle` (an event that does not fit the job's state, or time going
+back), `gpu_model` (a
 replica on a GPU model the job does not accept, or a gang on several models that did not ask
 for mixed ones) and
 `nominal_deficit` (a lender's job left waiting past `Policy.reclaim_bound_s` while a
@@ -37,6 +39,7 @@ from scheduling.resources import GPU_UNIT, ZERO, Resources
 from scheduling.simulator.audit_deficit import DeficitBound, Instant, Victim
 from scheduling.simulator.audit_models import ModelQuotaChecks
 from scheduling.simulator.audit_rules import RuleChecks, gang_gpus
+from scheduling.simulator.sim import to_job
 from scheduling.simulator.trace import TraceJob
 
 __all__ = ["Violation", "audit", "audit_or_raise", "true_level"]
@@ -46,6 +49,7 @@ _RELEASES, _TAKES = ("evict", "preempt"), ("hold", "admit")
 _CYCLE = _RELEASES + _TAKES
 # The state each event needs its job in; "" for admit and hold, which place() checks.
 _WANT = {"reject": "pending", "evict": "held", "finish": "running", "preempt": "running"}
+_WANT["demote"] = "running"
 _WANT.update(hold="", admit="")
 
 
@@ -142,6 +146,9 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
         # job -> (last admit t, slowdown, restart seconds it pays first, speed of its GPU model)
         self.started: dict[str, tuple[float, float, float, float]] = {}
         self.preemptions: dict[str, int] = {}  # job -> times preempted
+        # Least attained service: jobs demoted, and GPU-seconds of their ended runs.
+        self.demoted: set[str] = set()
+        self.attained: dict[str, float] = {}
         self.since: dict[str, float] = {}  # job -> when its current wait began
         self.usage: dict[str, Resources] = dict.fromkeys(teams, ZERO)
         self.ceiling = {n: t.nominal + t.borrowing_limit for n, t in teams.items()}
@@ -204,6 +211,9 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
         if _WANT[kind] and state != _WANT[kind]:
             self.flag(job_id, "lifecycle", f"{kind} while {state}")
             return
+        if kind == "demote":
+            self.check_demotion(job)
+            return
         if kind == "reject":
             self.state[job_id] = "rejected"
             self.check_rejection(job)
@@ -236,6 +246,40 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
             reps = self.alloc.get(job_id, []) if kind in _TAKES else held
             self.cycle_models[kind, job_id] = self.models_of(reps, job)
             self.taking = kind in _TAKES
+
+    # -- least attained service --------------------------------------------------------------
+
+    def rank(self, job: TraceJob) -> int:
+        """`Job.rank` as the engine compares it: twice the priority, plus one unless demoted."""
+        return 2 * job.priority + (0 if job.job_id in self.demoted else 1)
+
+    def saves_every(self, job: TraceJob) -> float:
+        """The job's checkpoint interval in the engine (inf: it never saves)."""
+        every = job.checkpoint_s if job.checkpoint_s is not None else self.checkpoint_s
+        return math.inf if every is None else every
+
+    def check_demotion(self, job: TraceJob) -> None:
+        """A demotion (`EngineState.demote_due`): only under least attained service, of a
+        running preemptible job that checkpoints, once, and not before its service over all
+        its runs reached the policy's threshold."""
+        jid, pol = job.job_id, self.policy
+        ran = self.t - self.started[jid][0]
+        attained = self.attained.get(jid, 0.0) + gang_gpus(job) / GPU_UNIT * ran
+        if job.mig_profile:  # the engine counts an instance as its compute share
+            attained = self.attained.get(jid, 0.0) + to_job(job).demand.gpu / GPU_UNIT * ran
+        why = {
+            f"policy {pol.name} has no least attained service": not pol.las,
+            "the job does not checkpoint": self.saves_every(job) == math.inf,
+            "the job is not preemptible": not job.preemptible,
+            "demoted twice": jid in self.demoted,
+            f"demoted after {attained:g} GPU-seconds < las_demote_after_gpu_s": attained
+            < pol.las_demote_after_gpu_s * (1 - 1e-9) - 1e-6,
+        }
+        for message, broken in why.items():
+            if broken:
+                self.flag(jid, "demotion", message)
+        self.demoted.add(jid)
+        self.shapes.pop(jid, None)  # its class in the engine's queue changes with its rank
 
     # -- admit, hold, release ----------------------------------------------------------------
 

@@ -66,7 +66,7 @@ class DeficitBound:
             r = Resources.of(job.gpus_per_replica, job.cpus_per_replica, job.memory_gb_per_replica)
             limit = math.inf if job.time_limit_s is None else job.time_limit_s
             key = (
-                job.team, job.priority, job.replicas, r, job.topology, job.preemptible, limit,
+                job.team, self.rank(job), job.replicas, r, job.topology, job.preemptible, limit,
                 job.gpu_model, job.mixed_models,
             )  # fmt: skip
             got = self.shapes[job.job_id] = (r, r * job.replicas, key)
@@ -91,7 +91,8 @@ class DeficitBound:
                 key = (job.team, model)
                 rec.models_taken[key] = rec.models_taken.get(key, 0) + gpu
         if kind == "admit":
-            rec.floor[job.team] = min(rec.floor.get(job.team, job.priority), job.priority)
+            rank = self.rank(job)
+            rec.floor[job.team] = min(rec.floor.get(job.team, rank), rank)
         self.dequeue(job)
 
     def note_release(self, job: TraceJob, kind: str) -> None:
@@ -106,7 +107,8 @@ class DeficitBound:
         for model, gpu in self.models_of(self.alloc.get(jid, ()), job).items():
             rec.models[job.team, model] = rec.models.get((job.team, model), 0) + gpu
         if kind == "preempt":
-            rec.lost[job.team] = max(rec.lost.get(job.team, job.priority), job.priority)
+            rank = self.rank(job)
+            rec.lost[job.team] = max(rec.lost.get(job.team, rank), rank)
 
     def end_instant(self) -> None:
         """The nominal-deficit bound (`Policy.reclaim_bound_s`), at the end of an instant in
@@ -232,7 +234,8 @@ class DeficitBound:
             team, (r, d, _), reps = v.team, self.shape(v), self.alloc.get(jid, [])
             if not v.preemptible or jid in rec.moved:
                 continue
-            if v.priority > rec.floor.get(team, v.priority):
+            rank = self.rank(v)
+            if rank > rec.floor.get(team, rank):
                 continue  # spared: its team admitted a job of lower priority in the instant
             if r.gpu < GPU_UNIT or not reps or any(share for _, _, share in reps):
                 continue  # a share may free no whole GPU: the one-node search skips it
@@ -289,7 +292,8 @@ class DeficitBound:
         team, d = job.team, self.shape(job)[1]
         if (hi[team] + d).first_excess(self.teams[team].nominal):
             return None  # not within its team's nominal: it does not reclaim
-        if rec.lost.get(team, job.priority) > job.priority:
+        rank = self.rank(job)
+        if rec.lost.get(team, rank) > rank:
             return None  # its team just lost a job of higher priority, which goes first
         drawn = sum(draws.values(), ZERO) - draws[team]
         drawn = drawn + (hi[team] + d - self.guaranteed[team]).clamp_low()

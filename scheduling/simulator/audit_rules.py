@@ -15,6 +15,7 @@ from typing import Any
 
 from scheduling.cluster import CLUSTER, GPU_GROUP, NODE, Cluster
 from scheduling.cohorts import below_common, cohort_usage, reachable, tree_excess
+from scheduling.jobs import rank_words
 from scheduling.resources import GPU_UNIT, ZERO, Resources, gpu_request_problem
 from scheduling.simulator.trace import TraceJob
 
@@ -112,22 +113,31 @@ class RuleChecks:
         """The rules about the victim alone; the quota rule waits for the end of the cycle."""
         vid, pol, pre = victim.job_id, self.policy, self.jobs.get(by)
         ran = self.t - self.started.pop(vid)[0]
+        self.attained[vid] = self.attained.get(vid, 0.0) + gang_gpus(victim) / GPU_UNIT * ran
         self.preemptions[vid] = times = self.preemptions.get(vid, 0) + 1
         # The guards of long work apply to priority preemption always, to reclaim until the
-        # lender's job has waited reclaim_deadline_s.
+        # lender's job has waited reclaim_deadline_s. Under least attained service, a job that
+        # checkpoints is guarded by its unsaved work (`Running.unsaved_s`), however often it
+        # was preempted.
         priority = pre is not None and pre.team == victim.team
         waited = self.t - self.since.get(by, self.t)
         guarded = priority or waited < pol.reclaim_deadline_s - 1e-6
+        every = self.saves_every(victim)
+        by_saves = pol.las and every != math.inf
+        unsaved = ran % every if by_saves else ran
         why = {
             f"policy {pol.name} does not preempt": not pol.preemption,
             "the victim is not preemptible": not victim.preemptible,
             f"it ran {ran:g}s < min_runtime_s": ran < pol.min_runtime_s - 1e-6,
-            f"it ran {ran:g}s > max_victim_runtime_s": guarded
-            and ran > pol.max_victim_runtime_s + 1e-6,
-            f"preempted {times} times > max_preemptions": guarded and times > pol.max_preemptions,
+            f"{unsaved:g}s of its work would be lost > max_victim_runtime_s": guarded
+            and unsaved > pol.max_victim_runtime_s + 1e-6,
+            f"preempted {times} times > max_preemptions": guarded
+            and not by_saves
+            and times > pol.max_preemptions,
             f"preemptor {by!r} is not in the trace": pre is None,
-            "same team, and the preemptor's priority is not higher": priority
-            and pre.priority <= victim.priority,
+            "same team, and the preemptor's rank (priority, then not demoted) is not higher": (
+                priority and self.rank(pre) <= self.rank(victim)
+            ),
             f"preemptor {by!r} waited {waited:g}s < preemption_delay_s": waited
             < pol.preemption_delay_s - 1e-6,
             f"preemptor {by!r} asks for more than its team's nominal": pre is not None
@@ -211,7 +221,9 @@ class RuleChecks:
                 victims.setdefault(by, []).append(job)
             elif kind == "evict" and job.team in base:
                 base[job.team] += delta
-        lowest: dict[str, int] = {}  # per team, the lowest priority admitted in this cycle
+        lowest: dict[str, int] = {}  # per team, the lowest rank admitted in this cycle
+        # Ranks as the cycle saw them (`Job.rank`): a victim demoted before it stays so.
+        ranks = {job.job_id: self.rank(job) for _, job, _, _ in cycle}
         for kind, job, _, delta in cycle:
             if kind != "admit":
                 continue
@@ -249,14 +261,15 @@ class RuleChecks:
                     "preemption",
                     f"reclaimed, but team {job.team} then holds {held:g} GPUs, above its nominal",
                 )
-            lowest[job.team] = min(lowest.get(job.team, job.priority), job.priority)
+            lowest[job.team] = min(lowest.get(job.team, ranks[job.job_id]), ranks[job.job_id])
         for kind, job, _, _ in cycle:
-            if kind == "preempt" and job.priority > lowest.get(job.team, job.priority):
+            rank = ranks[job.job_id]
+            if kind == "preempt" and rank > lowest.get(job.team, rank):
                 self.flag(
                     job.job_id,
                     "inversion",
-                    f"preempted (priority {job.priority}) in a "
-                    f"cycle that admits team {job.team}'s priority {lowest[job.team]}",
+                    f"preempted ({rank_words(rank)}) in a "
+                    f"cycle that admits team {job.team}'s {rank_words(lowest[job.team])}",
                 )
         for by, vs in victims.items():
             for v in vs:

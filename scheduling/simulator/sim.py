@@ -208,6 +208,21 @@ def simulate(
             else:
                 ticks.discard(now)
             changed = True
+        if policy.las:
+            # Least attained service: jobs that had their share of service go below their
+            # priority's others before the cycle (EngineState.demote_due).
+            for run in state.demote_due(now):
+                emit(
+                    {
+                        "t": now,
+                        "type": "demote",
+                        "job": run.job.id,
+                        "team": run.job.team,
+                        "attained_gpu_s": state.attained_s(run, now),
+                    }
+                )
+                changed = True
+                last = None  # it settled jobs against the ranks before
         if not changed or not (state.pending or state.holds):
             continue
         result = last = schedule(state.snapshot(now), policy, shortcuts)
@@ -298,6 +313,8 @@ def simulate(
                 admit_ev["speed"] = speed
             emit(admit_ev)
         wakes = [result.next_wakeup]
+        if policy.las:
+            wakes.append(state.next_demotion())  # a job waiting on it may then preempt
         if rerun is not None and not (heap and heap[0][0] == now):
             # The skipped rerun's wake-up, as if it had run. Not when a job admitted just
             # now ends at once: the cycle its end runs now is the rerun, with its own.
