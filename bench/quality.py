@@ -252,8 +252,39 @@ def run_policy(work: Workload, policy: Policy, checkpoint_s: float | None = None
     summary = summarize(sim.events, info, team_info, policy=policy.name, wall_s=sim.wall_s)
     out = {k: v for k, v in summary.data.items() if not isinstance(v, list | dict)}
     out["p99_first_wait_big_s"] = big_job_p99_first_wait(sim.events)
+    out.update(big_job_figures(sim.events))
     out["cycles"] = sim.cycles
     return out
+
+
+def big_job_figures(events: Iterable[dict[str, Any]], gpus: float = BIG_JOB_GPUS) -> dict:
+    """Of finished jobs of at least `gpus` GPUs: the average JCT and the p99 of their total
+    wait (every wait: submit to first `admit`, each `preempt` to the next `admit`); None if
+    none finished. The first wait alone flatters a policy that admits a big job at once and
+    preempts it later (least attained service does: its first waits are minutes)."""
+    submitted: dict[str, float] = {}
+    waiting: dict[str, float] = {}  # job -> when its current wait began
+    waited: dict[str, float] = {}
+    jct: dict[str, float] = {}
+    for ev in events:
+        kind, job = ev["type"], ev["job"]
+        if kind == "submit" and ev["gpus"] >= gpus:
+            submitted[job] = waiting[job] = ev["t"]
+            waited[job] = 0.0
+        elif job not in submitted:
+            continue
+        elif kind == "admit":
+            waited[job] += ev["t"] - waiting.pop(job)
+        elif kind == "preempt":
+            waiting[job] = ev["t"]
+        elif kind == "finish":
+            jct[job] = ev["t"] - submitted[job]
+    done = [waited[j] for j in jct]
+    finished = np.fromiter(done, float, len(done))
+    return {
+        "avg_jct_big_s": round(float(np.mean(list(jct.values()))), 3) if jct else None,
+        "p99_total_wait_big_s": _p99(finished),
+    }
 
 
 def big_job_p99_first_wait(events: Iterable[dict[str, Any]], gpus: float = BIG_JOB_GPUS) -> Any:

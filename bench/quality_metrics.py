@@ -31,6 +31,14 @@ METRICS: tuple[Metric, ...] = (
     Metric("goodput", "goodput", "ratio", False, optional=True),
     Metric("nominal_deficit_gpu_hours", "nominal deficit (GPU-h)", "ratio", True, optional=True),
     Metric("avg_total_wait_s", "avg total wait", "ratio", True, optional=True),
+    Metric("avg_jct_big_s", f"avg JCT, jobs >= {BIG_JOB_GPUS} GPUs", "ratio", True, optional=True),
+    Metric(
+        "p99_total_wait_big_s",
+        f"p99 total wait, jobs >= {BIG_JOB_GPUS} GPUs",
+        "ratio",
+        True,
+        optional=True,
+    ),
 )
 
 

@@ -50,14 +50,23 @@ def _preempt(job: str, by: str) -> dict[str, str]:
     return {"type": "preempt", "job": job, "by": by}
 
 
-def test_ping_pong_is_two_teams_preempting_each_other_back_and_forth() -> None:
+def test_ping_pong_is_two_teams_taking_the_same_jobs_back_and_forth() -> None:
     submits = [{"type": "submit", "job": j, "team": t} for j, t in
                [("a1", "a"), ("a2", "a"), ("b1", "b"), ("c1", "c")]]  # fmt: skip
     back_and_forth = [_preempt("a1", "b1"), _preempt("b1", "a2")] * hunt.PING_PONG
+    n = hunt.PING_PONG
     assert hunt.ping_pong(submits + back_and_forth) == (
-        f"teams a and b preempted each other's jobs {hunt.PING_PONG} and {hunt.PING_PONG} times"
+        f"teams a and b took the same jobs back and forth: a1 taken by b {n} times, b1 by a {n}"
+        " times"
     )
     one_turn_short = back_and_forth[:-1]
     assert hunt.ping_pong(submits + one_turn_short) is None
     one_way = [_preempt("a1", "b1"), _preempt("a2", "b1"), _preempt("c1", "b1")] * 20
     assert hunt.ping_pong(submits + one_way) is None  # a borrower reclaimed, again and again
+    # Reclaims both ways as load moves, of other jobs each time: the quotas at work (a hunt
+    # found berth-las at 5 and 5 between two teams, no job taken more than twice).
+    many = [{"type": "submit", "job": f"{t}{i}", "team": t} for t in "ab" for i in range(n)]
+    trading = [
+        p for i in range(n) for p in (_preempt(f"a{i}", f"b{i}"), _preempt(f"b{i}", f"a{i}"))
+    ]
+    assert hunt.ping_pong(many + trading) is None

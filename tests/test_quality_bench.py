@@ -152,6 +152,25 @@ def test_p99_first_wait_of_big_jobs_reads_the_first_admission() -> None:
     assert quality.big_job_p99_first_wait(events[1:3]) is None
 
 
+def test_the_total_wait_and_jct_of_big_jobs_count_every_wait() -> None:
+    events = [
+        {"t": 0, "type": "submit", "job": "big", "gpus": 16},
+        {"t": 0, "type": "submit", "job": "small", "gpus": 8},
+        {"t": 0, "type": "submit", "job": "late", "gpus": 32},
+        {"t": 5, "type": "admit", "job": "small"},
+        {"t": 10, "type": "admit", "job": "big"},
+        {"t": 20, "type": "preempt", "job": "big"},
+        {"t": 90, "type": "admit", "job": "big"},
+        {"t": 100, "type": "finish", "job": "big"},
+        {"t": 100, "type": "admit", "job": "late"},  # still running at the end: not counted
+    ]
+    assert quality.big_job_figures(events) == {"avg_jct_big_s": 100.0, "p99_total_wait_big_s": 80.0}
+    assert quality.big_job_figures(events[1:2]) == {
+        "avg_jct_big_s": None,
+        "p99_total_wait_big_s": None,
+    }
+
+
 def test_checkpoints_reach_every_policy_and_the_report(tmp_path: Path) -> None:
     """--checkpoint-s: preempted work resumes, so a policy loses less of it than without."""
     case = next(c for c in quality.family_cases(quality.parse_args(["--quick"])))
