@@ -79,6 +79,8 @@ def estimate_starts(
             if token.get(job_id) == n and job_id in sim.running:
                 sim.finish(job_id)
                 guessed_any = guessed_any or guessed
+        if policy.las:
+            sim.demote_due(t)  # as the loop does before each cycle
         result = schedule(sim.snapshot(t), policy)
         sim.apply(result)
         cycles += 1
@@ -95,6 +97,8 @@ def estimate_starts(
         if not result.fixed_point:
             continue  # as the simulator and the loop do: again at once, until nothing changes
         wake = result.next_wakeup if result.next_wakeup is not None else math.inf
+        if policy.las:
+            wake = min(wake, sim.next_demotion() or math.inf)
         while ends and token.get(ends[0][2]) != ends[0][1]:
             heapq.heappop(ends)  # preempted since
         nxt = min(wake, ends[0][0] if ends else math.inf)

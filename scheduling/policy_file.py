@@ -27,7 +27,7 @@ the one that runs.
                                # faster one where it is expected to finish sooner there
     las_demote_after_gpu_s: .inf   # least attained service: a job that checkpoints goes below
                                # its priority's others after this many GPU-seconds of service
-                               # (berth-las: 14400); the simulator only, so far
+                               # (berth-las: 14400; docs/decisions/0014)
 
 Team weights for fair sharing live with the quotas, in teams.yaml (`weight`).
 """

@@ -123,6 +123,7 @@ class EngineState:
         self.cancel(job_id)
         self.preemptions.pop(job_id, None)
         self._origin.pop(job_id, None)
+        self.attained.pop(job_id, None)
 
     def restore_running(
         self,

@@ -16,7 +16,7 @@ import random
 import tempfile
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,7 @@ import berth.store.runner as runner_module
 from berth.store import ClusterView, Store
 from berth.store.mirror import Mirror, MirrorDiverged
 from scheduling.cluster import Cluster
+from scheduling.policy import Policy
 from scheduling.resources import Resources
 
 CLUSTER = cluster(nodes=3, gpus=4, groups=2)
@@ -84,8 +85,9 @@ WEIGHTS = {
 }
 
 
-def step(rng: random.Random, s: Store, view: LiveView, t: float, n: int) -> None:
-    """One random operation at time t, as the platform's callers make them."""
+def step(rng: random.Random, s: Store, view: LiveView, t: float, n: int, las: bool = False) -> None:
+    """One random operation at time t, as the platform's callers make them; with `las`, most
+    jobs checkpoint (least attained service demotes only those)."""
     kind = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
 
     def pick(*states: str) -> str | None:
@@ -98,6 +100,8 @@ def step(rng: random.Random, s: Store, view: LiveView, t: float, n: int) -> None
         kw = {"priority": rng.choice([-1, 0, 0, 1])}
         if rng.random() < 0.3:
             kw["time_limit_s"] = rng.choice([600, 3600])
+        if las and rng.random() < 0.7:
+            kw["checkpoint_every_s"] = rng.choice([60, 300])
         s.submit(
             spec(f"j{n}", team=team, gpus=gpus, replicas=replicas, **kw), job_id=f"j{n}", now=t
         )
@@ -123,17 +127,19 @@ def step(rng: random.Random, s: Store, view: LiveView, t: float, n: int) -> None
         view.gone ^= {f"n-{rng.randrange(1, 3):03d}"}
 
 
-def random_run(seed: int, steps: int, check: bool = True, url: str | None = None) -> Counter:
+def random_run(
+    seed: int, steps: int, check: bool = True, url: str | None = None, policy: Policy = FAST
+) -> Counter:
     """A random run on a live cluster, the mirror compared with a rebuild after every step;
     returns the events it made, by type. On a new SQLite file unless `url` is given."""
     rng = random.Random(seed)
     view = LiveView(CLUSTER)
     with (
         tempfile.TemporaryDirectory() as d,
-        Store(url or f"sqlite:///{d}/b.db", None, TEAMS, FAST, live=view) as s,
+        Store(url or f"sqlite:///{d}/b.db", None, TEAMS, policy, live=view) as s,
     ):
         for n in range(steps):
-            step(rng, s, view, 30.0 * (n + 1), n)
+            step(rng, s, view, 30.0 * (n + 1), n, las=policy.las)
             if check:
                 s.self_check()  # raises MirrorDiverged naming what differs
         return Counter(e.type for e in s.events())
@@ -144,6 +150,27 @@ def random_run(seed: int, steps: int, check: bool = True, url: str | None = None
 def test_the_state_in_memory_never_differs_from_a_rebuild(seed: int) -> None:
     note(f"seed {seed}")
     random_run(seed, steps=300)
+
+
+# Least attained service at 2 GPU-minutes: jobs of a few steps (30 s each) reach it.
+LAS_FAST = replace(FAST, name="berth-las-fast", las_demote_after_gpu_s=120.0)
+
+
+@settings(max_examples=max(EXAMPLES // 3, 3), deadline=None, derandomize=not RANDOM, database=None)
+@given(st.integers(0, 2**32 - 1))
+def test_the_state_in_memory_never_differs_from_a_rebuild_under_las(seed: int) -> None:
+    """Demotions written by the cycle that makes them, the service of each preempted run:
+    a rebuild from the tables must agree after every step."""
+    note(f"seed {seed}")
+    seen = random_run(seed, steps=300, policy=LAS_FAST)
+    note(f"events: {dict(seen)}")
+
+
+def test_the_las_runs_demote_and_preempt_demoted_jobs() -> None:
+    seen = sum(
+        (random_run(seed, steps=300, check=False, policy=LAS_FAST) for seed in range(3)), Counter()
+    )
+    assert seen["demote"] >= 10 and seen["preempt"] >= 10, seen
 
 
 def test_the_random_runs_reach_what_must_be_compared() -> None:

@@ -597,9 +597,6 @@ def test_bad_arguments_name_the_field(store: Store, store_url: str) -> None:
     foreign = r"\(kueue ordering, topology_group_blind placement\)"
     with pytest.raises(UnsupportedPolicyError, match=foreign):
         Store(store_url, CLUSTER, TEAMS, KUEUE_TAS)
-    # Least attained service: the simulator's only, until the store keeps attained service.
-    with pytest.raises(UnsupportedPolicyError, match=r"las_demote_after_gpu_s .* only the simul"):
-        Store(store_url, CLUSTER, TEAMS, "berth-las")
 
 
 # -- SQLite only --------------------------------------------------------------------------------

@@ -45,8 +45,17 @@ _B_EXPLAINED = tuple(f"b_{k}" for k in _EXPLAINED)  # bind names differ from col
 
 
 def decide(mirror: Mirror, now: float) -> CycleResult:
-    """The cycle's decisions on the mirror's state (which it does not change)."""
+    """The cycle's decisions on the mirror's state (which it does not change, but for the
+    demotions of least attained service that are due: commit writes them, and a mirror built
+    again from the tables before that makes them again)."""
+    las = mirror.policy.las
+    if las:
+        mirror.demoted.update(run.job.id for run in mirror.state.demote_due(now))
     result = schedule(mirror.state.snapshot(now), mirror.policy)
+    if las and mirror.state.pending:  # a job waiting on a demotion may then preempt
+        due = mirror.state.next_demotion()
+        if due is not None and (result.next_wakeup is None or due < result.next_wakeup):
+            result.next_wakeup = due
     if result.holds or result.evicted:  # the Store refuses partial-gang policies up front
         raise StoreError(f"policy {mirror.policy.name} bound a partial gang; the store cannot")
     return result
@@ -79,6 +88,8 @@ def commit(
     mirror.state.apply(result)  # raises before anything is written if a decision misfits
     mirror.rehold()
     rejected = tuple(mirror.rejected)
+    if mirror.policy.las:
+        _demote(conn, mirror, now)  # before the preemptions: a victim may be just demoted
     _reject(conn, mirror, now)
     _preempt(conn, mirror, result, now)
     _admit(conn, mirror, result, now)
@@ -130,9 +141,28 @@ def _reject(conn: Connection, mirror: Mirror, now: float) -> None:
 def _preempt(conn: Connection, mirror: Mirror, result: CycleResult, now: float) -> None:
     for pre in result.preempted:
         row = mirror.rows[pre.job_id]
-        conn.execute(update(jobs).where(jobs.c.id == pre.job_id).values(state=PREEMPTING))
+        values: dict = {"state": PREEMPTING}
+        if mirror.policy.las:  # the service of the run it ends, counted as the engine did
+            values["attained_gpu_s"] = row["attained_gpu_s"] = mirror.state.attained[pre.job_id]
+        conn.execute(update(jobs).where(jobs.c.id == pre.job_id).values(**values))
         emit(conn, now, pre.job_id, "preempt", by=pre.by, attempt=row["attempt"])
         mirror.stopped(pre.job_id)  # back in the engine's queue; stopping in the tables
+
+
+def _demote(conn: Connection, mirror: Mirror, now: float) -> None:
+    """The jobs `decide` demoted (`EngineState.demote_due`), written: running still, or
+    queued again by a preemption in the same cycle."""
+    state = mirror.state
+    for job_id in sorted(mirror.demoted):
+        row = mirror.rows.get(job_id)
+        if row is None or row["demoted"]:
+            continue  # ended meanwhile, or written already
+        row["demoted"] = True
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(demoted=True))
+        run = state.running.get(job_id)
+        attained = state.attained_s(run, now) if run else state.attained.get(job_id, 0.0)
+        emit(conn, now, job_id, "demote", attained_gpu_s=round(attained, 3), attempt=row["attempt"])
+    mirror.demoted.clear()
 
 
 def _admit(conn: Connection, mirror: Mirror, result: CycleResult, now: float) -> None:

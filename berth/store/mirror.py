@@ -88,6 +88,7 @@ class Mirror:
         self.rows: dict[str, dict[str, Any]] = {}
         self.stopping: dict[str, frozenset[int]] = {}
         self.rejected: dict[str, Rejection] = {}
+        self.demoted: set[str] = set()  # demoted by `apply.decide`, not yet written
         self.version = 0
         self.cycles = 0
         self.last_event = 0
@@ -206,6 +207,8 @@ class Mirror:
     def _put(self, row: Mapping[str, Any]) -> None:
         job_id, st = row["id"], row["state"]
         cluster, state = self.cluster, self.state
+        if st != PREEMPTING and row["attained_gpu_s"]:  # before the run's demotion is timed
+            state.attained[job_id] = row["attained_gpu_s"]
         if st == PREEMPTING:
             placement = placement_of(cluster, job_id, row["placement"], row["level"], live=True)
             self.stopping[job_id] = frozenset(placement.nodes)
@@ -355,6 +358,8 @@ class Mirror:
                 t: {p: n for p, n in c.items() if n} for t, c in s.running_priorities.items()
             },
             "reservations": dict(s.reservations),
+            "attained": dict(s.attained),
+            "demotions": s.next_demotion(),
             "stopping": dict(self.stopping),
             "rejected": dict(self.rejected),
             "rows": self.rows,

@@ -58,6 +58,8 @@ ENGINE_COLUMNS = tuple(
         "placement",
         "level",
         "preemptions",
+        "attained_gpu_s",
+        "demoted",
         "reason_code",
         "reason_message",
         "reason_level",
@@ -100,6 +102,7 @@ def job_of(row: Mapping[str, Any]) -> Job:
         gpu_models=tuple(row["gpu_models"].split("|")) if row["gpu_models"] else (),
         mixed_models=bool(row["mixed_models"]),
         mig=row["mig"] or "",
+        demoted=bool(row["demoted"]),
     )
 
 

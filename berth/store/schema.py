@@ -63,6 +63,7 @@ EVENT_TYPES = (
     "lost",
     "cancel",
     "reject",
+    "demote",  # least attained service: the job had its share of service (policy_file.py)
 )
 
 Json = JSON().with_variant(JSONB(), "postgresql")
@@ -108,6 +109,10 @@ jobs = Table(
     Column("level", String(32)),
     Column("waits_for", Json, nullable=False, default=list),  # victims still stopping
     Column("preemptions", Integer, nullable=False, default=0),
+    # Least attained service (Policy.las): GPU-seconds of the job's ended runs, counted when a
+    # cycle preempts it, and whether a cycle demoted it (it stays so).
+    Column("attained_gpu_s", Float, nullable=False, default=0.0),
+    Column("demoted", Boolean, nullable=False, default=False),
     Column("reason_code", String(32)),
     Column("reason_message", Text),
     Column("reason_level", String(32)),

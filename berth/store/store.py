@@ -129,13 +129,6 @@ class Store:
                 "only the simulator models; use 'berth' or a policy file based on it with the "
                 "store"
             )
-        if self.policy.las:
-            raise UnsupportedPolicyError(
-                f"policy: {self.policy.name!r} sets las_demote_after_gpu_s (least attained "
-                "service), which only the simulator runs so far: the store does not yet keep a "
-                "job's attained service across its runs and restarts. Compare it with `berth "
-                "simulate --policy-file`, and leave it out of BERTH_POLICY_FILE"
-            )
         self.engine = connect(url, busy_timeout_s)
         create_schema(self.engine)
         self.runner = CycleRunner(self.engine, teams, self.policy, live=live is not None)

@@ -1,0 +1,68 @@
+"""Least attained service in the store (`las_demote_after_gpu_s`, decision 0014): the cycle
+that demotes a job writes it, a preemption writes the service of the run it ends, and a state
+built again from the tables (another process, a restart) agrees with the one kept in memory."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from test_store import CLUSTER, TEAMS, run, submit
+
+from berth.store import Store
+from berth.store.mirror import Mirror
+from berth.store.rebuild import live_rows
+from scheduling.policy import POLICIES
+
+LAS = replace(POLICIES["berth-las"], min_runtime_s=0.0)  # 4 GPU-hours, 600 s delay
+
+
+def test_a_demotion_and_the_service_it_counts_survive_a_rebuild(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/berth.db"
+    store = Store(url, CLUSTER, TEAMS, LAS)
+    try:
+        # Team a fills both nodes (4 GPUs of its own, 4 borrowed); a3, of the same priority,
+        # waits on its quota. At 4 GPUs, a1 and a2 have their 4 GPU-hours 3,600 s after they
+        # started: then a3 takes the one that started last.
+        submit(store, "a1", 0, gpus=4, checkpoint_every_s=600)
+        submit(store, "a2", 0, gpus=4, checkpoint_every_s=600)
+        store.schedule(now=0)
+        run(store, "a1", 1)
+        run(store, "a2", 2)
+        submit(store, "a3", 100, gpus=4, checkpoint_every_s=600)
+        report = store.schedule(now=1000)
+        assert not report.preempted and report.next_wakeup == 3601.0  # a1's demotion
+        store.self_check()
+        report = store.schedule(now=3700)
+        assert report.preempted == ("a2",) and report.admitted == ("a3",)
+        with store.engine.connect() as conn:
+            rows = live_rows(conn)
+        assert (rows["a1"]["demoted"], rows["a2"]["demoted"], rows["a3"]["demoted"]) == (
+            True,
+            True,
+            False,
+        )
+        assert rows["a2"]["attained_gpu_s"] == 4 * (3700 - 2)  # the run that ended
+        assert rows["a1"]["attained_gpu_s"] == 0  # still in its first run
+        kinds = [(e.job_id, e.type) for e in store.events() if e.type in ("demote", "preempt")]
+        assert kinds == [("a1", "demote"), ("a2", "demote"), ("a2", "preempt")]
+        store.self_check()  # the mirror agrees with a state built from the tables
+
+        store.finish("a2", "preempted", now=3710)
+        run(store, "a3", 3711)
+        store.schedule(now=3712)
+        store.self_check()
+    finally:
+        store.close()
+    # Another process (or a restart) builds the same: a2 queued, demoted, with its service.
+    again = Store(url, CLUSTER, TEAMS, LAS)
+    try:
+        with again.engine.connect() as conn:
+            state = Mirror.build(CLUSTER, TEAMS, LAS, live_rows(conn).values(), {}).state
+        queued = state.pending["a2"].job
+        assert queued.demoted and queued.rank == 0 and state.attained["a2"] == 4 * 3698
+        assert state.running["a1"].job.demoted and not state.running["a3"].job.demoted
+        # a3 reaches its threshold 3,600 s after it started, unless it ends first.
+        assert state.next_demotion() == 3711 + 3600
+    finally:
+        again.close()
