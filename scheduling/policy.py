@@ -99,11 +99,18 @@ class Policy:
     # and its preemptions are not counted: it loses at most one checkpoint interval each
     # time. Jobs that never checkpoint are never demoted, and keep every guard. inf: off.
     las_demote_after_gpu_s: float = math.inf
+    # The same in seconds of run time, whatever the job's size (a gang does not age faster
+    # than a one-GPU job); with both, whichever comes first.
+    las_demote_after_s: float = math.inf
 
     @property
     def las(self) -> bool:
-        """Whether least attained service is on (`las_demote_after_gpu_s` finite)."""
-        return self.las_demote_after_gpu_s != math.inf
+        """Whether least attained service is on (either threshold finite)."""
+        return self.las_demote_after_gpu_s != math.inf or self.las_demote_after_s != math.inf
+
+    def las_limit_gpu_s(self, gpus: float) -> float:
+        """The attained service, in GPU-seconds, at which a job of `gpus` GPUs is demoted."""
+        return min(self.las_demote_after_gpu_s, self.las_demote_after_s * gpus)
 
     @property
     def reclaim_bound_s(self) -> float:
@@ -146,6 +153,8 @@ POLICIES: dict[str, Policy] = {
         # Least attained service at the threshold the LAS experiment chose on the tuning
         # cases, 4 GPU-hours (docs/decisions/0014); only for jobs that checkpoint.
         replace(BERTH, name="berth-las", las_demote_after_gpu_s=4 * 3600.0),
+        # Ageing by run time instead, 4 hours (the experiment's other variant, decision 0014).
+        replace(BERTH, name="berth-las-time", las_demote_after_s=4 * 3600.0),
         # The other end of the trade-off (docs/decisions/0003, "Kueue's victim rule"): a
         # lender's reclaim at once, its guards lifted after 10 min, and Kueue's victim rule.
         replace(

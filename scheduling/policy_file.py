@@ -28,6 +28,8 @@ the one that runs.
     las_demote_after_gpu_s: .inf   # least attained service: a job that checkpoints goes below
                                # its priority's others after this many GPU-seconds of service
                                # (berth-las: 14400; docs/decisions/0014)
+    las_demote_after_s: .inf       # the same in seconds of run time, whatever the job's size
+                               # (berth-las-time: 14400)
 
 Team weights for fair sharing live with the quotas, in teams.yaml (`weight`).
 """
@@ -75,6 +77,7 @@ class PolicyFile(BaseModel):
     preempts_beyond_nominal: bool | None = None
     expected_finish_models: bool | None = None
     las_demote_after_gpu_s: Annotated[float, Field(gt=0)] | None = None  # .inf: off
+    las_demote_after_s: Annotated[float, Field(gt=0)] | None = None  # .inf: off
 
     @field_validator("base")
     @classmethod

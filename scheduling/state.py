@@ -351,8 +351,9 @@ class EngineState:
             and job.checkpoint_s != math.inf
             and run.gpu > 0
         ):
-            left = self.policy.las_demote_after_gpu_s - self.attained.get(job.id, 0.0)
-            when = run.start_time + max(0.0, left) / (run.gpu / GPU_UNIT)
+            gpus = run.gpu / GPU_UNIT
+            left = self.policy.las_limit_gpu_s(gpus) - self.attained.get(job.id, 0.0)
+            when = run.start_time + max(0.0, left) / gpus
             heapq.heappush(self._demotions, (when, job.id, run.start_time))
         if job.preemptible:
             runs = self.preemptible_by_team.get(job.team)

@@ -201,3 +201,37 @@ def test_the_guard_of_long_work_reads_unsaved_seconds_only_under_las() -> None:
         "duration",
         "preemption",
     ]
+
+
+def test_ageing_by_run_time_does_not_age_a_gang_faster() -> None:
+    # 2 GPUs: 4 GPU-hours after 7,200 s of run time, 1 hour of run time after 3,600 s.
+    rows = [
+        TraceJob("long", 0, "a", 1, 2, 20_000, checkpoint_s=600),
+        TraceJob("other", 0, "a", 1, 2, 20_000, checkpoint_s=600),
+    ]
+    by_gpu_time = _replay(rows)
+    assert _of(by_gpu_time, "demote") == [(7200, "long"), (7200, "other")]
+    by_run_time = replace(BERTH, name="las-1h", las_demote_after_s=3600.0)
+    assert _of(_replay(rows, by_run_time), "demote") == [(3600, "long"), (3600, "other")]
+    both = replace(LAS, las_demote_after_s=10_000.0)  # whichever comes first
+    assert _of(_replay(rows, both), "demote") == [(7200, "long"), (7200, "other")]
+    assert POLICIES["berth-las-time"].las_limit_gpu_s(8) == 8 * 4 * 3600.0
+
+
+def test_a_demotion_before_its_run_time_threshold() -> None:
+    # 2 GPUs for 300 s: 600 GPU-seconds, past a threshold of 400 GPU-seconds but not of 400 s.
+    v, p = job("v", gpus=2, duration=5000, checkpoint_s=300), job("p", gpus=2)
+    log = [
+        submit(0, v),
+        admit(0, v, rep("n0", 0, 1)),
+        submit(0, p),
+        ev(300, "demote", v),
+        ev(700, "preempt", v, by="p", kept_s=600),
+        admit(700, p, rep("n0", 0, 1)),
+        ev(800, "finish", p),
+        admit(800, v, rep("n0", 0, 1)),
+        ev(800 + 4400, "finish", v),
+    ]
+    assert check(log, [v, p], LAS_SMALL) == []
+    by_run_time = replace(BERTH, las_demote_after_s=400.0)
+    assert check(log, [v, p], by_run_time) == ["demotion"]

@@ -121,8 +121,9 @@ class Scenario:
             for k, v in self.knobs.items()
             if k != LAS_KNOB and getattr(policy, k) == getattr(BERTH, k)
         }
-        if policy.las and LAS_KNOB in self.knobs:
-            knobs[LAS_KNOB] = self.knobs[LAS_KNOB]
+        if policy.las and LAS_KNOB in self.knobs:  # in its own unit: seconds of run time or not
+            timed = policy.las_demote_after_s != math.inf
+            knobs["las_demote_after_s" if timed else LAS_KNOB] = self.knobs[LAS_KNOB]
         return replace(policy, **knobs)
 
 

@@ -264,16 +264,18 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
         its runs reached the policy's threshold."""
         jid, pol = job.job_id, self.policy
         ran = self.t - self.started[jid][0]
-        attained = self.attained.get(jid, 0.0) + gang_gpus(job) / GPU_UNIT * ran
+        gpus = gang_gpus(job) / GPU_UNIT
         if job.mig_profile:  # the engine counts an instance as its compute share
-            attained = self.attained.get(jid, 0.0) + to_job(job).demand.gpu / GPU_UNIT * ran
+            gpus = to_job(job).demand.gpu / GPU_UNIT
+        attained = self.attained.get(jid, 0.0) + gpus * ran
+        limit = pol.las_limit_gpu_s(gpus)
         why = {
             f"policy {pol.name} has no least attained service": not pol.las,
             "the job does not checkpoint": self.saves_every(job) == math.inf,
             "the job is not preemptible": not job.preemptible,
             "demoted twice": jid in self.demoted,
-            f"demoted after {attained:g} GPU-seconds < las_demote_after_gpu_s": attained
-            < pol.las_demote_after_gpu_s * (1 - 1e-9) - 1e-6,
+            f"demoted after {attained:g} GPU-seconds < its threshold of {limit:g}": attained
+            < limit * (1 - 1e-9) - 1e-6,
         }
         for message, broken in why.items():
             if broken:
