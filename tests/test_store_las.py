@@ -12,6 +12,7 @@ from test_store import CLUSTER, TEAMS, run, submit
 from berth.store import Store
 from berth.store.mirror import Mirror
 from berth.store.rebuild import live_rows
+from plugins.berth_api import models
 from scheduling.policy import POLICIES
 
 LAS = replace(POLICIES["berth-las"], min_runtime_s=0.0)  # 4 GPU-hours, 600 s delay
@@ -44,6 +45,9 @@ def test_a_demotion_and_the_service_it_counts_survive_a_rebuild(tmp_path: Path) 
         )
         assert rows["a2"]["attained_gpu_s"] == 4 * (3700 - 2)  # the run that ended
         assert rows["a1"]["attained_gpu_s"] == 0  # still in its first run
+        a2 = store.status("a2")  # what on-call sees, and the plugin's API says
+        assert a2.demoted and a2.attained_gpu_s == 4 * 3698 and not store.status("a3").demoted
+        assert models.Job.of(a2, store.events("a2")).demoted
         kinds = [(e.job_id, e.type) for e in store.events() if e.type in ("demote", "preempt")]
         assert kinds == [("a1", "demote"), ("a2", "demote"), ("a2", "preempt")]
         store.self_check()  # the mirror agrees with a state built from the tables

@@ -106,6 +106,11 @@ def job(job_id: Annotated[str, typer.Argument(help="the job's id")]) -> None:
         out.print(f"  last attempt: {s.outcome}{code} {s.message or ''}")
     if s.preemptions:
         out.print(f"  preempted {s.preemptions} time(s)")
+    if s.demoted:
+        out.print(
+            "  demoted (least attained service): it had its share of service, and jobs of its "
+            "team and priority that have not may preempt it"
+        )
     table = Table(title="history")
     for col in ("time (UTC)", "event", "details"):
         table.add_column(col)

@@ -77,6 +77,10 @@ class JobStatus:
     level: str | None
     waits_for: tuple[str, ...]
     preemptions: int
+    # Least attained service (policy_file.py): demoted below its priority's other jobs, after
+    # this many GPU-seconds of service in its ended runs (its current run not counted).
+    demoted: bool
+    attained_gpu_s: float
     labels: Mapping[str, str]
     outcome: str | None
     exit_code: int | None
@@ -187,6 +191,8 @@ def status_from_row(row: Mapping[str, Any], position: int | None = None) -> JobS
         level=row["level"],
         waits_for=tuple(row["waits_for"] or ()),
         preemptions=row["preemptions"],
+        demoted=bool(row["demoted"]),
+        attained_gpu_s=row["attained_gpu_s"],
         labels=dict(row["labels"] or {}),
         outcome=row["outcome"],
         exit_code=row["exit_code"],

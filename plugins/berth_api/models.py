@@ -276,6 +276,10 @@ class Job(BaseModel):
     waits_for: list[str] = Field(description="jobs still stopping on its GPUs before launch")
     attempts: int = Field(description="admissions so far")
     preemptions: int
+    demoted: bool = Field(
+        description="least attained service: it had its share of service and ranks below its "
+        "priority's other jobs, which may preempt it"
+    )
     outcome: Outcome | None
     labels: dict[str, str] = Field(description="where it came from (dag_id, run_id, ...)")
     submitted_at: datetime
@@ -309,6 +313,7 @@ class Job(BaseModel):
             waits_for=list(s.waits_for),
             attempts=s.attempt,
             preemptions=s.preemptions,
+            demoted=s.demoted,
             outcome=outcome,
             labels=dict(s.labels),
             submitted_at=utc(s.submitted_at),
