@@ -95,9 +95,9 @@ class Policy:
     # running job that checkpoints (Job.checkpoint_s) is demoted once it has had this many
     # GPU-seconds of service over all its runs, below its priority's other jobs, which may
     # then preempt it as a lower priority (after their preemption delay, whole gangs). Under
-    # it the guards of long work read a checkpointing job's unsaved work, not its run time,
-    # and its preemptions are not counted: it loses at most one checkpoint interval each
-    # time. Jobs that never checkpoint are never demoted, and keep every guard. inf: off.
+    # it the guard of long work reads a checkpointing job's unsaved work, not its run time
+    # (it loses at most one checkpoint interval); max_preemptions holds for every job. Jobs
+    # that never checkpoint are never demoted. inf: off.
     las_demote_after_gpu_s: float = math.inf
     # The same in seconds of run time, whatever the job's size (a gang does not age faster
     # than a one-GPU job); with both, whichever comes first.

@@ -98,7 +98,8 @@ class VictimPool:
         self.min_runtime_s = min_runtime_s
         # Least attained service (Policy.las): a job that checkpoints is guarded by the work a
         # preemption destroys (its unsaved seconds against max_runtime_s), not by how long it
-        # has run, and however often it was preempted.
+        # has run. Its preemptions still count against max_preemptions: without that bound a
+        # hunt found jobs preempting one another for ever (decision 0014, "The bound kept").
         self.saved_guards = saved_guards
         # Cheapest losses first: by start, or (checkpoint-aware) by the work lost now, where
         # a team's list is sorted again when it holds a job that checkpoints.
@@ -189,10 +190,10 @@ class VictimPool:
         return out
 
     def _saved_guarded(self, runs: SortedKeyList, lo: int, rank: int) -> list[Running]:
-        """`victims`'s run of one rank under saved guards: past the minimum run time, and
-        within the guards of long work by run time, or (a job that checkpoints) by the work
-        since its last checkpoint. A walk over every older job of the rank: only policies
-        with least attained service pay it."""
+        """`victims`'s run of one rank under saved guards: past the minimum run time,
+        preempted fewer than max_preemptions times, and within the guard of long work by run
+        time, or (a job that checkpoints) by the work since its last checkpoint. A walk over
+        every older job of the rank: only policies with least attained service pay it."""
         snap = self._snap
         now, min_rt, max_rt, max_p = (
             snap.now,
@@ -205,8 +206,9 @@ class VictimPool:
             r
             for r in runs[lo:hi]
             if _young_enough(r, now, min_rt)
+            and r.preemptions < max_p
             and (
-                (_not_too_old(r, now, max_rt) and r.preemptions < max_p)
+                _not_too_old(r, now, max_rt)
                 or (r.job.checkpoint_s != math.inf and r.unsaved_s(now) <= max_rt)
             )
         ]

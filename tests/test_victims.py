@@ -46,11 +46,9 @@ def _plain(
     for r in sorted(runs, key=lambda r: (r.start_time, r.job.id)):
         if not r.job.preemptible or r.start_time + min_rt > now:
             continue
-        by_time = (
-            r.start_time >= now - max_rt and r.preemptions < max_p and now - r.start_time <= max_rt
-        )
+        by_time = r.start_time >= now - max_rt and now - r.start_time <= max_rt
         by_saves = saved and r.job.checkpoint_s != math.inf and r.unsaved_s(now) <= max_rt
-        if not (by_time or by_saves):
+        if r.preemptions >= max_p or not (by_time or by_saves):
             continue
         out.setdefault(r.job.team, []).append(r)
     return {t: sorted(rs, key=BY_LOSS) for t, rs in out.items()}

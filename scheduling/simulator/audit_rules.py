@@ -117,8 +117,7 @@ class RuleChecks:
         self.preemptions[vid] = times = self.preemptions.get(vid, 0) + 1
         # The guards of long work apply to priority preemption always, to reclaim until the
         # lender's job has waited reclaim_deadline_s. Under least attained service, a job that
-        # checkpoints is guarded by its unsaved work (`Running.unsaved_s`), however often it
-        # was preempted.
+        # checkpoints is guarded by its unsaved work (`Running.unsaved_s`), not its run time.
         priority = pre is not None and pre.team == victim.team
         waited = self.t - self.since.get(by, self.t)
         guarded = priority or waited < pol.reclaim_deadline_s - 1e-6
@@ -131,9 +130,7 @@ class RuleChecks:
             f"it ran {ran:g}s < min_runtime_s": ran < pol.min_runtime_s - 1e-6,
             f"{unsaved:g}s of its work would be lost > max_victim_runtime_s": guarded
             and unsaved > pol.max_victim_runtime_s + 1e-6,
-            f"preempted {times} times > max_preemptions": guarded
-            and not by_saves
-            and times > pol.max_preemptions,
+            f"preempted {times} times > max_preemptions": guarded and times > pol.max_preemptions,
             f"preemptor {by!r} is not in the trace": pre is None,
             "same team, and the preemptor's rank (priority, then not demoted) is not higher": (
                 priority and self.rank(pre) <= self.rank(victim)
