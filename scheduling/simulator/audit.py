@@ -253,6 +253,11 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
         """`Job.rank` as the engine compares it: twice the priority, plus one unless demoted."""
         return 2 * job.priority + (0 if job.job_id in self.demoted else 1)
 
+    def service_gpus(self, job: TraceJob) -> float:
+        """The GPUs a run of `job` counts per second of service, as the engine counts them (a
+        MIG instance: its compute share)."""
+        return to_job(job).demand.gpu / GPU_UNIT if job.mig_profile else gang_gpus(job) / GPU_UNIT
+
     def saves_every(self, job: TraceJob) -> float:
         """The job's checkpoint interval in the engine (inf: it never saves)."""
         every = job.checkpoint_s if job.checkpoint_s is not None else self.checkpoint_s
@@ -264,9 +269,7 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
         its runs reached the policy's threshold."""
         jid, pol = job.job_id, self.policy
         ran = self.t - self.started[jid][0]
-        gpus = gang_gpus(job) / GPU_UNIT
-        if job.mig_profile:  # the engine counts an instance as its compute share
-            gpus = to_job(job).demand.gpu / GPU_UNIT
+        gpus = self.service_gpus(job)
         attained = self.attained.get(jid, 0.0) + gpus * ran
         limit = pol.las_limit_gpu_s(gpus)
         why = {

@@ -113,7 +113,7 @@ class RuleChecks:
         """The rules about the victim alone; the quota rule waits for the end of the cycle."""
         vid, pol, pre = victim.job_id, self.policy, self.jobs.get(by)
         ran = self.t - self.started.pop(vid)[0]
-        self.attained[vid] = self.attained.get(vid, 0.0) + gang_gpus(victim) / GPU_UNIT * ran
+        self.attained[vid] = self.attained.get(vid, 0.0) + self.service_gpus(victim) * ran
         self.preemptions[vid] = times = self.preemptions.get(vid, 0) + 1
         # The guards of long work apply to priority preemption always, to reclaim until the
         # lender's job has waited reclaim_deadline_s. Under least attained service, a job that
@@ -219,8 +219,6 @@ class RuleChecks:
             elif kind == "evict" and job.team in base:
                 base[job.team] += delta
         lowest: dict[str, int] = {}  # per team, the lowest rank admitted in this cycle
-        # Ranks as the cycle saw them (`Job.rank`): a victim demoted before it stays so.
-        ranks = {job.job_id: self.rank(job) for _, job, _, _ in cycle}
         for kind, job, _, delta in cycle:
             if kind != "admit":
                 continue
@@ -258,9 +256,10 @@ class RuleChecks:
                     "preemption",
                     f"reclaimed, but team {job.team} then holds {held:g} GPUs, above its nominal",
                 )
-            lowest[job.team] = min(lowest.get(job.team, ranks[job.job_id]), ranks[job.job_id])
+            rank = self.rank(job)
+            lowest[job.team] = min(lowest.get(job.team, rank), rank)
         for kind, job, _, _ in cycle:
-            rank = ranks[job.job_id]
+            rank = self.rank(job)
             if kind == "preempt" and rank > lowest.get(job.team, rank):
                 self.flag(
                     job.job_id,
