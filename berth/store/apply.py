@@ -151,15 +151,19 @@ def _preempt(conn: Connection, mirror: Mirror, result: CycleResult, now: float) 
 
 def _demote(conn: Connection, mirror: Mirror, now: float) -> None:
     """The jobs `decide` demoted (`EngineState.demote_due`), written: running still, or
-    queued again by a preemption in the same cycle."""
+    queued again by a preemption in the same cycle. One whose row the news put back since (it
+    started meanwhile: its run's clock moved) is not demoted in the state any more, and is
+    left for the cycle that demotes it again, so the table never says more than the state."""
     state = mirror.state
     for job_id in sorted(mirror.demoted):
         row = mirror.rows.get(job_id)
-        if row is None or row["demoted"]:
-            continue  # ended meanwhile, or written already
+        run = state.running.get(job_id)
+        queued = state.pending.get(job_id)
+        job = run.job if run else queued.job if queued else None
+        if row is None or row["demoted"] or job is None or not job.demoted:
+            continue  # ended or put back meanwhile, or written already
         row["demoted"] = True
         conn.execute(update(jobs).where(jobs.c.id == job_id).values(demoted=True))
-        run = state.running.get(job_id)
         attained = state.attained_s(run, now) if run else state.attained.get(job_id, 0.0)
         emit(conn, now, job_id, "demote", attained_gpu_s=round(attained, 3), attempt=row["attempt"])
     mirror.demoted.clear()
