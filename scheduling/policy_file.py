@@ -27,9 +27,9 @@ the one that runs.
                                # faster one where it is expected to finish sooner there
     las_demote_after_gpu_s: .inf   # least attained service: a job that checkpoints goes below
                                # its priority's others after this many GPU-seconds of service
-                               # (berth-las: 14400; docs/decisions/0014)
+                               # (berth-las-gpu: 14400; docs/decisions/0014)
     las_demote_after_s: .inf       # the same in seconds of run time, whatever the job's size
-                               # (berth-las-time: 14400)
+                               # (berth-las: 14400)
 
 Team weights for fair sharing live with the quotas, in teams.yaml (`weight`).
 """

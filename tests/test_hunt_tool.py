@@ -64,7 +64,7 @@ def test_ping_pong_is_two_teams_taking_the_same_jobs_back_and_forth() -> None:
     one_way = [_preempt("a1", "b1"), _preempt("a2", "b1"), _preempt("c1", "b1")] * 20
     assert hunt.ping_pong(submits + one_way) is None  # a borrower reclaimed, again and again
     # Reclaims both ways as load moves, of other jobs each time: the quotas at work (a hunt
-    # found berth-las at 5 and 5 between two teams, no job taken more than twice).
+    # found berth-las-gpu at 5 and 5 between two teams, no job taken more than twice).
     many = [{"type": "submit", "job": f"{t}{i}", "team": t} for t in "ab" for i in range(n)]
     trading = [
         p for i in range(n) for p in (_preempt(f"a{i}", f"b{i}"), _preempt(f"b{i}", f"a{i}"))

@@ -17,7 +17,7 @@ from scheduling.simulator.sim import simulate
 from scheduling.simulator.trace import TraceJob
 from scheduling.state import EngineState
 
-LAS = POLICIES["berth-las"]  # 4 GPU-hours
+LAS = POLICIES["berth-las-gpu"]  # 4 GPU-hours
 ONE_NODE = parse_cluster({"nodes": [{"name": "n0", "gpus": 4, "cpus": 32, "memory_gb": 128}]})
 TEAM = parse_teams([{"name": "a", "nominal": {"gpus": 4}}])
 
@@ -215,7 +215,7 @@ def test_ageing_by_run_time_does_not_age_a_gang_faster() -> None:
     assert _of(_replay(rows, by_run_time), "demote") == [(3600, "long"), (3600, "other")]
     both = replace(LAS, las_demote_after_s=10_000.0)  # whichever comes first
     assert _of(_replay(rows, both), "demote") == [(7200, "long"), (7200, "other")]
-    assert POLICIES["berth-las-time"].las_limit_gpu_s(8) == 8 * 4 * 3600.0
+    assert POLICIES["berth-las"].las_limit_gpu_s(8) == 8 * 4 * 3600.0
 
 
 def test_a_demotion_before_its_run_time_threshold() -> None:

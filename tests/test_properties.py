@@ -86,7 +86,7 @@ KNOBS: dict[str, list[float | bool]] = {
     "preempts_beyond_nominal": [BERTH.preempts_beyond_nominal, False],
     "reclaim_searches_per_team": [BERTH.reclaim_searches_per_team, 1],
 }
-# Least attained service's threshold, for the policies that have it on (berth-las): its 4
+# Least attained service's threshold, for the policies that have it on (berth-las-gpu): its 4
 # GPU-hours are seldom reached by jobs of minutes, so a scenario's own is drawn.
 LAS_KNOB = "las_demote_after_gpu_s"
 LAS_THRESHOLDS = [600.0, 3000.0]
@@ -534,8 +534,8 @@ def test_topology_blind_policy_keeps_every_invariant(policy: str, s: Scenario) -
 @PROPERTY
 @given(s=scenarios(), checkpoint=st.sampled_from([60.0, 300.0]))
 def test_berth_with_checkpoints_keeps_every_invariant(s: Scenario, checkpoint: float) -> None:
-    """Every job checkpoints: berth, and berth-las, whose demotions and guards need it."""
-    for name in ("berth", "berth-las"):
+    """Every job checkpoints: berth, and berth-las-gpu, whose demotions and guards need it."""
+    for name in ("berth", "berth-las-gpu"):
         result = _simulate(s, name, checkpoint)
         pol = s.policy(name)
         audit_or_raise(result.events, s.cluster, s.teams, pol, s.jobs, checkpoint_s=checkpoint)
@@ -806,7 +806,7 @@ def test_a_borrowers_job_is_reclaimable_at_the_instant_it_passes_its_minimum_run
 
 
 def test_generator_reaches_least_attained_service() -> None:
-    """Under berth-las (with each scenario's threshold), the scenarios demote jobs and the LAS
+    """Under berth-las-gpu (with each scenario's threshold), the scenarios demote jobs and the LAS
     preemption happens: a demoted job preempted by a job of its own team and priority (the
     only preemption that needs the demotion). When written: a demotion in 62.5 %, such a
     preemption in 17.5 %."""
@@ -817,7 +817,7 @@ def test_generator_reaches_least_attained_service() -> None:
     def measure(s: Scenario) -> None:
         nonlocal demoted, las_preempted, n
         n += 1
-        events = _simulate(s, "berth-las").events
+        events = _simulate(s, "berth-las-gpu").events
         down = {e["job"] for e in events if e["type"] == "demote"}
         demoted += bool(down)
         las_preempted += any(

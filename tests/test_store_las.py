@@ -7,15 +7,16 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from test_store import CLUSTER, TEAMS, run, submit
 
-from berth.store import Store
+from berth.store import Store, runner
 from berth.store.mirror import Mirror
 from berth.store.rebuild import live_rows
 from plugins.berth_api import models
 from scheduling.policy import POLICIES
 
-LAS = replace(POLICIES["berth-las"], min_runtime_s=0.0)  # 4 GPU-hours, 600 s delay
+LAS = replace(POLICIES["berth-las-gpu"], min_runtime_s=0.0)  # 4 GPU-hours, 600 s delay
 
 
 def test_a_demotion_and_the_service_it_counts_survive_a_rebuild(tmp_path: Path) -> None:
@@ -70,3 +71,44 @@ def test_a_demotion_and_the_service_it_counts_survive_a_rebuild(tmp_path: Path) 
         assert state.next_demotion() == 3711 + 3600
     finally:
         again.close()
+
+
+def test_a_demotion_decided_before_the_job_started_is_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race `apply._demote` guards against: a cycle decides (outside the lock) that an
+    admitted job's service since its admission reached the threshold, and before it commits
+    the job's worker says it started. The commit takes that in (the run's clock now counts
+    from its start, and the job is no longer demoted in the state), so it writes no demotion;
+    a later cycle demotes it on the run's own clock."""
+    url = f"sqlite:///{tmp_path}/berth.db"
+    store = Store(url, CLUSTER, TEAMS, LAS)
+    real_decide = runner.decide
+    raced: list[float] = []
+
+    def decide_then_start(mirror: Mirror, now: float):
+        result = real_decide(mirror, now)
+        if not raced:  # the worker's report lands between the decision and its commit
+            assert "a1" in mirror.demoted and mirror.state.running["a1"].job.demoted
+            raced.append(now)
+            run(store, "a1", 3650)
+        return result
+
+    try:
+        submit(store, "a1", 0, gpus=4, checkpoint_every_s=600)
+        assert store.schedule(now=0).admitted == ("a1",)
+        monkeypatch.setattr(runner, "decide", decide_then_start)
+        report = store.schedule(now=3700)  # 4 GPUs x 3,700 s since its admission
+        assert raced == [3700]
+        with store.engine.connect() as conn:
+            assert not live_rows(conn)["a1"]["demoted"]
+        assert not store.status("a1").demoted
+        assert [e for e in store.events("a1") if e.type == "demote"] == []
+        assert report.next_wakeup is None or report.next_wakeup >= 3650 + 3600
+        store.self_check()  # the table and the mirror agree: neither says demoted
+        store.schedule(now=3650 + 3600 + 1)
+        assert store.status("a1").demoted
+        assert [e.type for e in store.events("a1")].count("demote") == 1
+        store.self_check()
+    finally:
+        store.close()

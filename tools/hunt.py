@@ -74,7 +74,7 @@ def _one_seed(s0: int) -> tuple[int, str | None]:
 # Times one job is taken by the same other team, each way. A livelock takes the same jobs
 # back and forth (they never finish); teams trading reclaims of different jobs as load moves
 # are the quotas at work, and a finite trace ends them. Counted per team, 800 fresh replays
-# (every policy) showed at most 2 each way, but a 7-minute hunt on 15 cores found berth-las
+# (every policy) showed at most 2 each way, but a 7-minute hunt on 15 cores found berth-las-gpu
 # at 5 and 5 between two teams over 18,000 s, no job taken more than twice (more
 # preemptions inside each team move its usage more often; seed 2321700968): so the same
 # job, not the team. Under Kueue's victim rule, which lets a team reclaim what it lost
