@@ -81,6 +81,7 @@ def estimate_starts(
                 guessed_any = guessed_any or guessed
         if policy.las:
             sim.demote_due(t)  # as the loop does before each cycle
+            sim.promote_due(t)
         result = schedule(sim.snapshot(t), policy)
         sim.apply(result)
         cycles += 1
@@ -98,7 +99,7 @@ def estimate_starts(
             continue  # as the simulator and the loop do: again at once, until nothing changes
         wake = result.next_wakeup if result.next_wakeup is not None else math.inf
         if policy.las:
-            wake = min(wake, sim.next_demotion() or math.inf)
+            wake = min(wake, sim.next_las_change() or math.inf)
         while ends and token.get(ends[0][2]) != ends[0][1]:
             heapq.heappop(ends)  # preempted since
         nxt = min(wake, ends[0][0] if ends else math.inf)

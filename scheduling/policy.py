@@ -102,6 +102,12 @@ class Policy:
     # The same in seconds of run time, whatever the job's size (a gang does not age faster
     # than a one-GPU job); with both, whichever comes first.
     las_demote_after_s: float = math.inf
+    # Tiresias's promotion against starvation: a demoted job that has waited, since its
+    # preemption, this many times its run time so far (its attained GPU-seconds over its
+    # GPUs) goes back up to its priority, and is not demoted again. A demoted big job waits
+    # behind every job of its priority that has not had its service, which on a busy cluster
+    # can be days (docs/decisions/0014, "Promotion"). inf: never.
+    las_promote_after_x: float = math.inf
 
     @property
     def las(self) -> bool:
@@ -111,6 +117,13 @@ class Policy:
     def las_limit_gpu_s(self, gpus: float) -> float:
         """The attained service, in GPU-seconds, at which a job of `gpus` GPUs is demoted."""
         return min(self.las_demote_after_gpu_s, self.las_demote_after_s * gpus)
+
+    def las_promote_wait_s(self, gpus: float, attained_gpu_s: float) -> float:
+        """How long a demoted job of `gpus` GPUs with that much service waits, from its
+        preemption, before it is promoted back to its priority (inf: never)."""
+        if self.las_promote_after_x == math.inf or gpus <= 0:
+            return math.inf
+        return self.las_promote_after_x * attained_gpu_s / gpus
 
     @property
     def reclaim_bound_s(self) -> float:
@@ -155,6 +168,14 @@ POLICIES: dict[str, Policy] = {
         replace(BERTH, name="berth-las", las_demote_after_s=4 * 3600.0),
         # The same by GPU-time, 4 GPU-hours (the experiment's other variant, decision 0014).
         replace(BERTH, name="berth-las-gpu", las_demote_after_gpu_s=4 * 3600.0),
+        # And Tiresias's promotion of a demoted job that waited 16 times its run time so far:
+        # the closest on the tuning cases to both bars, avg JCT and big jobs' tail (0014).
+        replace(
+            BERTH,
+            name="berth-las-promote",
+            las_demote_after_s=4 * 3600.0,
+            las_promote_after_x=16.0,
+        ),
         # The other end of the trade-off (docs/decisions/0003, "Kueue's victim rule"): a
         # lender's reclaim at once, its guards lifted after 10 min, and Kueue's victim rule.
         replace(

@@ -30,6 +30,9 @@ the one that runs.
                                # (berth-las-gpu: 14400; docs/decisions/0014)
     las_demote_after_s: .inf       # the same in seconds of run time, whatever the job's size
                                # (berth-las: 14400)
+    las_promote_after_x: .inf      # a demoted job that has waited since its preemption this
+                               # many times its run time so far goes back up to its priority
+                               # (Tiresias's promotion; berth-las-promote: 16; decision 0014)
 
 Team weights for fair sharing live with the quotas, in teams.yaml (`weight`).
 """
@@ -78,6 +81,7 @@ class PolicyFile(BaseModel):
     expected_finish_models: bool | None = None
     las_demote_after_gpu_s: Annotated[float, Field(gt=0)] | None = None  # .inf: off
     las_demote_after_s: Annotated[float, Field(gt=0)] | None = None  # .inf: off
+    las_promote_after_x: Annotated[float, Field(ge=0)] | None = None  # .inf: never
 
     @field_validator("base")
     @classmethod

@@ -93,6 +93,18 @@ def behind_reservations(
     return PendingReason(reason.code, msg, level=reason.level, resource=reason.resource)
 
 
+def after_demotion(reason: PendingReason, victim: str, at: float) -> PendingReason:
+    """A job waiting on quota or room while a running job of its team and priority is still to
+    be demoted (least attained service): from `at` (the demotion, or the end of the waiting
+    job's preemption delay if later) it may preempt that job. "Earliest": a bigger need, or a
+    rule of the cycle, may still keep it waiting then."""
+    msg = (
+        f"{reason.message}; earliest when job {victim} of its team and priority is demoted "
+        f"(least attained service) and it may preempt it, at t={at:g}"
+    )
+    return PendingReason(reason.code, msg, level=reason.level, resource=reason.resource)
+
+
 def faster_model(choice: FasterModel) -> PendingReason:
     """A job with room now on a slower GPU model, waiting for a faster one (`model_choice`).
     Worded without the job's own clock: its class-mates share the reason."""

@@ -79,6 +79,9 @@ class EngineState:
         # reach the threshold (stale entries are skipped when popped).
         self.attained: dict[str, float] = {}
         self._demotions: list[tuple[float, str, float]] = []
+        # Demoted jobs waiting again, by when they are promoted back (Policy.las_promote_after_x):
+        # (when, job, the wait's start); stale entries are skipped when popped.
+        self._promotions: list[tuple[float, str, float]] = []
 
     # -- events from outside ----------------------------------------------------------------
 
@@ -200,6 +203,7 @@ class EngineState:
         new.last_preempted = dict(self.last_preempted)
         new.attained = dict(self.attained)
         new._demotions = list(self._demotions)
+        new._promotions = list(self._promotions)
         new.run_times = self.run_times  # read only by cycles: shared
         return new
 
@@ -231,6 +235,52 @@ class EngineState:
                 self._origin[job_id] = replace(origin, job=job)
             out.append(new)
         return out
+
+    def promote_due(self, now: float) -> list[Pending]:
+        """Promote the demoted jobs that have waited, since their preemption, what the policy
+        allows (`Policy.las_promote_after_x`): each goes back up to its priority, at its old
+        place in the queue, and is not demoted again (its service stays above the threshold,
+        which `_index` reads as promoted). Called with `demote_due`; returns the queue entries
+        as they are now (their wait's start unchanged), for the event log."""
+        out = []
+        heap = self._promotions
+        while heap and heap[0][0] <= now:
+            _, job_id, since = heapq.heappop(heap)
+            p = self.pending.get(job_id)
+            if p is None or p.since != since or not p.job.demoted:
+                continue  # admitted, ended or preempted again since
+            self._dequeue(job_id)
+            out.append(self._enqueue(replace(p, job=replace(p.job, demoted=False))))
+        return out
+
+    def next_promotion(self) -> float | None:
+        """When the next demoted job waiting is promoted; None if none will be."""
+        heap = self._promotions
+        while heap:
+            _, job_id, since = heap[0]
+            p = self.pending.get(job_id)
+            if p is not None and p.since == since and p.job.demoted:
+                return heap[0][0]
+            heapq.heappop(heap)
+        return None
+
+    def upcoming_demotions(self) -> dict[tuple[str, int], tuple[float, str]]:
+        """Per (team, rank), the earliest demotion to come of a running job: (when, job). A
+        waiting job of that team and rank may preempt it from then (`reasons.after_demotion`)."""
+        out: dict[tuple[str, int], tuple[float, str]] = {}
+        for when, job_id, start in self._demotions:
+            run = self.running.get(job_id)
+            if run is None or run.start_time != start or run.job.demoted:
+                continue
+            key = (run.job.team, run.job.rank)
+            if key not in out or (when, job_id) < out[key]:
+                out[key] = (when, job_id)
+        return out
+
+    def next_las_change(self) -> float | None:
+        """When the next demotion or promotion is due; None if none will be."""
+        times = [t for t in (self.next_demotion(), self.next_promotion()) if t is not None]
+        return min(times, default=None)
 
     def next_demotion(self) -> float | None:
         """When the next running job reaches the threshold; None if none will."""
@@ -353,8 +403,10 @@ class EngineState:
         ):
             gpus = run.gpu / GPU_UNIT
             left = self.policy.las_limit_gpu_s(gpus) - self.attained.get(job.id, 0.0)
-            when = run.start_time + max(0.0, left) / gpus
-            heapq.heappush(self._demotions, (when, job.id, run.start_time))
+            # A job with its service but not demoted was promoted (`promote_due`): for good.
+            if left > 0 or self.policy.las_promote_after_x == math.inf:
+                when = run.start_time + max(0.0, left) / gpus
+                heapq.heappush(self._demotions, (when, job.id, run.start_time))
         if job.preemptible:
             runs = self.preemptible_by_team.get(job.team)
             if runs is None:
@@ -387,6 +439,10 @@ class EngineState:
         if p.job.team not in self.queues:
             raise StateError(f"unknown team {p.job.team}")
         self.pending[p.job.id] = p
+        if p.job.demoted and self.policy.las_promote_after_x != math.inf:
+            attained = self.attained.get(p.job.id, 0.0)
+            wait = self.policy.las_promote_wait_s(p.job.demand.gpu / GPU_UNIT, attained)
+            heapq.heappush(self._promotions, (p.since + wait, p.job.id, p.since))
         classes = self.queues[p.job.team]
         queue = classes.get(p.klass)
         if queue is None:

@@ -235,3 +235,80 @@ def test_a_demotion_before_its_run_time_threshold() -> None:
     assert check(log, [v, p], LAS_SMALL) == []
     by_run_time = replace(BERTH, las_demote_after_s=400.0)
     assert check(log, [v, p], by_run_time) == ["demotion"]
+
+
+# -- promotion (Policy.las_promote_after_x): a demoted job does not wait for ever ---------------
+
+PROMOTING = replace(LAS, name="las-promote-1x", las_promote_after_x=1.0)
+
+
+def test_a_demoted_job_that_waited_its_run_time_goes_back_up() -> None:
+    # `long` is demoted at 3600 (4 GPU-hours) and preempted by `short`; jobs of its priority
+    # keep coming, each ranking above it, so without promotion it waits for all of them.
+    # With the 1x knob it has waited its 3,600 s of run time at 7200: promoted back to its old
+    # place, it runs when the job running then ends, and is never demoted again.
+    rows = [_row("long", 0, 20_000, checkpoint_s=600)]
+    rows += [_row(f"s{i:02d}", 100 + 400 * i, 500) for i in range(40)]
+    events = _replay(rows, PROMOTING)
+    assert _of(events, "demote") == [(3600, "long")]
+    assert _of(events, "promote") == [(7200, "long")]
+    assert [e["waited_s"] for e in events if e["type"] == "promote"] == [3600]
+    readmitted = [t for t, j in _of(events, "admit") if j == "long"][1]
+    assert 7200 <= readmitted <= 7200 + 500  # when the short job running at 7200 ends
+    assert _of(events, "preempt") == [(3600, "long")]
+    plain = _replay(rows)  # no promotion: the shorts first, every one of them
+    assert not _of(plain, "promote")
+    last_short = max(t for t, j in _of(plain, "admit") if j != "long")
+    assert [t for t, j in _of(plain, "admit") if j == "long"][1] > last_short
+
+
+def test_promotion_in_the_state() -> None:
+    state = EngineState(ONE_NODE, TEAM, PROMOTING)
+    long = Job("long", "a", 1, 2000, checkpoint_s=600.0, demoted=True)  # 2 GPUs
+    state.attained["long"] = 16_000.0  # past its 14,400: 8,000 s of run time at 2 GPUs
+    state.restore_pending(long, 0.0, 1, since=1000.0)
+    assert state.next_promotion() == 9000.0 and state.next_las_change() == 9000.0
+    copy = state.clone()
+    assert state.promote_due(8999.0) == []
+    (p,) = state.promote_due(9000.0)
+    assert not p.job.demoted and p.job.rank == 1 and (p.enqueued, p.seq, p.since) == (0, 1, 1000)
+    assert state.pending["long"] is p and state.next_promotion() is None
+    # Run again, it is not demoted again: its service is past the threshold already.
+    placement = Placement((ReplicaPlacement(0, (0, 1)),), "node")
+    state.cancel("long")
+    state.restore_running(p.job, placement, 9500.0, 1, enqueued=0.0, seq=1)
+    assert state.next_demotion() is None
+    assert copy.next_promotion() == 9000.0 and copy.pending["long"].job.demoted
+
+
+def _promote_log(promote_at: float, v: TraceJob, p: TraceJob) -> list[dict]:
+    # v (1 GPU) is demoted at 400 GPU-seconds and preempted at 700, after 700 s of run time:
+    # under the 1x knob it is due back up 700 s later, at 1400.
+    return [
+        submit(0, v),
+        admit(0, v, rep("n0", 0)),
+        submit(0, p),
+        ev(400, "demote", v),
+        ev(700, "preempt", v, by="p", kept_s=600),
+        admit(700, p, rep("n0", 0)),
+        ev(promote_at, "promote", v),
+        ev(1700, "finish", p),
+        admit(1700, v, rep("n0", 0)),
+        ev(1700 + 4400, "finish", v),
+    ]
+
+
+LAS_SMALL_PROMOTING = replace(LAS_SMALL, las_promote_after_x=1.0)
+
+
+def test_a_sound_promotion_passes_and_bad_ones_fail() -> None:
+    v, p = job("v", duration=5000, checkpoint_s=300), job("p", duration=1000)
+    assert check(_promote_log(1400, v, p), [v, p], LAS_SMALL_PROMOTING) == []
+    assert check(_promote_log(1399, v, p), [v, p], LAS_SMALL_PROMOTING) == ["demotion"]
+    assert check(_promote_log(1400, v, p), [v, p], LAS_SMALL) == ["demotion"]  # no promotion
+    twice = _promote_log(1400, v, p)
+    twice.insert(7, ev(1500, "promote", v))  # it is not demoted any more
+    assert check(twice, [v, p], LAS_SMALL_PROMOTING) == ["demotion"]
+    again = _promote_log(1400, v, p)
+    again.insert(9, ev(1800, "demote", v))  # running again, demoted again: not after promotion
+    assert check(again, [v, p], LAS_SMALL_PROMOTING) == ["demotion"]

@@ -152,15 +152,18 @@ def test_the_state_in_memory_never_differs_from_a_rebuild(seed: int) -> None:
     random_run(seed, steps=300)
 
 
-# Least attained service at 2 GPU-minutes: jobs of a few steps (30 s each) reach it.
-LAS_FAST = replace(FAST, name="berth-las-fast", las_demote_after_gpu_s=120.0)
+# Least attained service at 2 GPU-minutes: jobs of a few steps (30 s each) reach it; a
+# demoted job that waits half its run time again is promoted back.
+LAS_FAST = replace(
+    FAST, name="berth-las-fast", las_demote_after_gpu_s=120.0, las_promote_after_x=0.5
+)
 
 
 @settings(max_examples=max(EXAMPLES // 3, 3), deadline=None, derandomize=not RANDOM, database=None)
 @given(st.integers(0, 2**32 - 1))
 def test_the_state_in_memory_never_differs_from_a_rebuild_under_las(seed: int) -> None:
-    """Demotions written by the cycle that makes them, the service of each preempted run:
-    a rebuild from the tables must agree after every step."""
+    """Demotions and promotions written by the cycle that makes them, the service of each
+    preempted run: a rebuild from the tables must agree after every step."""
     note(f"seed {seed}")
     seen = random_run(seed, steps=300, policy=LAS_FAST)
     note(f"events: {dict(seen)}")
@@ -170,7 +173,7 @@ def test_the_las_runs_demote_and_preempt_demoted_jobs() -> None:
     seen = sum(
         (random_run(seed, steps=300, check=False, policy=LAS_FAST) for seed in range(3)), Counter()
     )
-    assert seen["demote"] >= 10 and seen["preempt"] >= 10, seen
+    assert seen["demote"] >= 10 and seen["preempt"] >= 10 and seen["promote"] >= 1, seen
 
 
 def test_the_random_runs_reach_what_must_be_compared() -> None:

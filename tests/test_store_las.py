@@ -34,6 +34,13 @@ def test_a_demotion_and_the_service_it_counts_survive_a_rebuild(tmp_path: Path) 
         submit(store, "a3", 100, gpus=4, checkpoint_every_s=600)
         report = store.schedule(now=1000)
         assert not report.preempted and report.next_wakeup == 3601.0  # a1's demotion
+        # What on-call reads: the wait, and the demotion that may end it.
+        waits = store.status("a3")
+        assert waits.reason_code == "quota"
+        assert waits.reason_message.endswith(
+            "; earliest when job a1 of its team and priority is demoted (least attained "
+            "service) and it may preempt it, at t=3601"
+        ), waits.reason_message
         store.self_check()
         report = store.schedule(now=3700)
         assert report.preempted == ("a2",) and report.admitted == ("a3",)
@@ -112,3 +119,47 @@ def test_a_demotion_decided_before_the_job_started_is_not_written(
         store.self_check()
     finally:
         store.close()
+
+
+def test_a_promotion_is_written_and_survives_a_rebuild(tmp_path: Path) -> None:
+    """Tiresias's promotion (`las_promote_after_x`) in the store: the demoted job preempted
+    at 3700 ended its attempt at 3710 (its wait's start, as a rebuild reads it), after
+    3,698 s of run time; at 1x it goes back up to its priority at 3710 + 3698."""
+    url = f"sqlite:///{tmp_path}/berth.db"
+    promoting = replace(LAS, las_promote_after_x=1.0)
+    store = Store(url, CLUSTER, TEAMS, promoting)
+    try:
+        submit(store, "a1", 0, gpus=4, checkpoint_every_s=600)
+        submit(store, "a2", 0, gpus=4, checkpoint_every_s=600)
+        store.schedule(now=0)
+        run(store, "a1", 1)
+        run(store, "a2", 2)
+        submit(store, "a3", 100, gpus=4, checkpoint_every_s=600)
+        store.schedule(now=1000)
+        assert store.schedule(now=3700).preempted == ("a2",)
+        store.finish("a2", "preempted", now=3710)
+        run(store, "a3", 3711)
+        assert store.schedule(now=3712).next_wakeup == 3711 + 3600  # a3's demotion
+        assert store.schedule(now=7311).next_wakeup == 3710 + 3698  # then a2's promotion
+        assert store.status("a2").demoted and store.status("a3").demoted
+        store.schedule(now=7407)
+        assert store.status("a2").demoted
+        # Back up to its priority, a2 outranks a1 and a3 (demoted both): it takes one's GPUs.
+        report = store.schedule(now=7408)
+        assert report.admitted == ("a2",) and len(report.preempted) == 1
+        assert not store.status("a2").demoted
+        (promote,) = [e for e in store.events("a2") if e.type == "promote"]
+        assert promote.data["waited_s"] == 3698
+        store.self_check()
+    finally:
+        store.close()
+    again = Store(url, CLUSTER, TEAMS, promoting)
+    try:
+        with again.engine.connect() as conn:
+            state = Mirror.build(CLUSTER, TEAMS, promoting, live_rows(conn).values(), {}).state
+        admitted = state.running["a2"].job
+        assert not admitted.demoted and admitted.rank == 1 and state.next_promotion() is None
+        assert state.attained["a2"] == 4 * 3698  # its service stays: it is not demoted again
+        assert state.next_demotion() is None
+    finally:
+        again.close()

@@ -37,10 +37,12 @@ from berth.store.schema import (
     jobs,
 )
 from berth.store.views import CycleReport, StoreError
+from scheduling import reasons
 from scheduling.cycle import schedule
-from scheduling.decisions import CycleResult
+from scheduling.decisions import CycleResult, Reason
 
 _EXPLAINED = ("reason_code", "reason_message", "reason_level", "reason_resource")
+_DEMOTION_HELPS = (Reason.QUOTA, Reason.NO_PLACEMENT)  # what a demoted job's GPUs can answer
 _B_EXPLAINED = tuple(f"b_{k}" for k in _EXPLAINED)  # bind names differ from column names
 
 
@@ -51,9 +53,10 @@ def decide(mirror: Mirror, now: float) -> CycleResult:
     las = mirror.policy.las
     if las:
         mirror.demoted.update(run.job.id for run in mirror.state.demote_due(now))
+        mirror.promoted.update((p.job.id, p.since) for p in mirror.state.promote_due(now))
     result = schedule(mirror.state.snapshot(now), mirror.policy)
     if las and mirror.state.pending:  # a job waiting on a demotion may then preempt
-        due = mirror.state.next_demotion()
+        due = mirror.state.next_las_change()
         if due is not None and (result.next_wakeup is None or due < result.next_wakeup):
             result.next_wakeup = due
     if result.holds or result.evicted:  # the Store refuses partial-gang policies up front
@@ -90,6 +93,7 @@ def commit(
     rejected = tuple(mirror.rejected)
     if mirror.policy.las:
         _demote(conn, mirror, now)  # before the preemptions: a victim may be just demoted
+        _promote(conn, mirror, now)
     _reject(conn, mirror, now)
     _preempt(conn, mirror, result, now)
     _admit(conn, mirror, result, now)
@@ -169,6 +173,25 @@ def _demote(conn: Connection, mirror: Mirror, now: float) -> None:
     mirror.demoted.clear()
 
 
+def _promote(conn: Connection, mirror: Mirror, now: float) -> None:
+    """The demoted jobs `decide` promoted back (`EngineState.promote_due`), written: queued
+    still, or admitted in the same cycle. As with `_demote`, one the news put back since
+    (cancelled, or its row changed) is left to the state as its row now says."""
+    state = mirror.state
+    for job_id, since in sorted(mirror.promoted.items()):
+        row = mirror.rows.get(job_id)
+        run = state.running.get(job_id)
+        queued = state.pending.get(job_id)
+        job = run.job if run else queued.job if queued else None
+        if row is None or not row["demoted"] or job is None or job.demoted:
+            continue
+        row["demoted"] = False
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(demoted=False))
+        waited = round(now - since, 3)
+        emit(conn, now, job_id, "promote", waited_s=waited, attempt=row["attempt"])
+    mirror.promoted.clear()
+
+
 def _admit(conn: Connection, mirror: Mirror, result: CycleResult, now: float) -> None:
     for adm in result.admitted:
         job_id = adm.job.id
@@ -226,12 +249,22 @@ def explain(mirror: Mirror, result: CycleResult) -> Explained:
     out before the lock is taken (a pass over the whole queue), written under it."""
     out = Explained()
     rows = mirror.rows
-    columns: dict[int, tuple] = {}  # a class's jobs share one reason: its columns made once
+    columns: dict[tuple, tuple] = {}  # a class's jobs share one reason: its columns made once
+    # Least attained service: a job may wait for a job of its team and rank to be demoted.
+    demotions = mirror.state.upcoming_demotions() if mirror.policy.las else {}
+    delay = mirror.policy.preemption_delay_s
     for pending, reason in result.reasons(mirror.state.pending.values()):
-        values = columns.get(id(reason))
+        job = pending.job
+        upcoming = None
+        if demotions and reason.code in _DEMOTION_HELPS:
+            upcoming = demotions.get((job.team, job.rank))
+        key = (id(reason), upcoming and (*upcoming, max(upcoming[0], pending.since + delay)))
+        values = columns.get(key)
         if values is None:
+            if upcoming is not None:
+                reason = reasons.after_demotion(reason, upcoming[1], key[1][2])
             values = (str(reason.code), reason.message, reason.level, reason.resource)
-            columns[id(reason)] = values
+            columns[key] = values
         job_id = pending.job.id
         out.waiting[job_id] = values[0]
         row = rows[job_id]

@@ -89,6 +89,7 @@ class Mirror:
         self.stopping: dict[str, frozenset[int]] = {}
         self.rejected: dict[str, Rejection] = {}
         self.demoted: set[str] = set()  # demoted by `apply.decide`, not yet written
+        self.promoted: dict[str, float] = {}  # promoted back by it (-> its wait's start)
         self.version = 0
         self.cycles = 0
         self.last_event = 0
@@ -360,6 +361,7 @@ class Mirror:
             "reservations": dict(s.reservations),
             "attained": dict(s.attained),
             "demotions": s.next_demotion(),
+            "promotions": s.next_promotion(),
             "stopping": dict(self.stopping),
             "rejected": dict(self.rejected),
             "rows": self.rows,

@@ -64,6 +64,7 @@ EVENT_TYPES = (
     "cancel",
     "reject",
     "demote",  # least attained service: the job had its share of service (policy_file.py)
+    "promote",  # ... and, demoted, waited long enough to go back up to its priority
 )
 
 Json = JSON().with_variant(JSONB(), "postgresql")

@@ -12,12 +12,11 @@ job of its team), `rejection` (a rejected job that could run on the empty cluste
 team's reach), `duration` (a run that did not last duration x slowdown, or one not stopped
 exactly at its time limit), `liveness` (a job neither rejected nor finished at the end),
 `demotion` (least attained service: a job demoted before its threshold, or one that does
-not checkpoint), `lifecycle` (an event that does not fit the job's state, or time going
-back), `gpu_model` (a
+not checkpoint; a job promoted back before it waited its due, or demoted again after),
+`lifecycle` (an event that does not fit the job's state, or time going back), `gpu_model` (a
 replica on a GPU model the job does not accept, or a gang on several models that did not ask
-for mixed ones) and
-`nominal_deficit` (a lender's job left waiting past `Policy.reclaim_bound_s` while a
-borrowed job could make room for it: `audit_deficit.py`).
+for mixed ones) and `nominal_deficit` (a lender's job left waiting past
+`Policy.reclaim_bound_s` while a borrowed job could make room for it: `audit_deficit.py`).
 
 This module holds the replay: `_Auditor` walks the events and keeps the state (GPUs, CPUs,
 memory, quota usage, the jobs' states and the current cycle), and checks what a placement
@@ -49,7 +48,7 @@ _RELEASES, _TAKES = ("evict", "preempt"), ("hold", "admit")
 _CYCLE = _RELEASES + _TAKES
 # The state each event needs its job in; "" for admit and hold, which place() checks.
 _WANT = {"reject": "pending", "evict": "held", "finish": "running", "preempt": "running"}
-_WANT["demote"] = "running"
+_WANT.update(demote="running", promote="pending")
 _WANT.update(hold="", admit="")
 
 
@@ -148,6 +147,7 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
         self.preemptions: dict[str, int] = {}  # job -> times preempted
         # Least attained service: jobs demoted, and GPU-seconds of their ended runs.
         self.demoted: set[str] = set()
+        self.promoted: set[str] = set()
         self.attained: dict[str, float] = {}
         self.since: dict[str, float] = {}  # job -> when its current wait began
         self.usage: dict[str, Resources] = dict.fromkeys(teams, ZERO)
@@ -214,6 +214,9 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
         if kind == "demote":
             self.check_demotion(job)
             return
+        if kind == "promote":
+            self.check_promotion(job)
+            return
         if kind == "reject":
             self.state[job_id] = "rejected"
             self.check_rejection(job)
@@ -277,6 +280,7 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
             "the job does not checkpoint": self.saves_every(job) == math.inf,
             "the job is not preemptible": not job.preemptible,
             "demoted twice": jid in self.demoted,
+            "demoted again after its promotion": jid in self.promoted,
             f"demoted after {attained:g} GPU-seconds < its threshold of {limit:g}": attained
             < limit * (1 - 1e-9) - 1e-6,
         }
@@ -284,6 +288,27 @@ class _Auditor(RuleChecks, DeficitBound, ModelQuotaChecks):
             if broken:
                 self.flag(jid, "demotion", message)
         self.demoted.add(jid)
+        self.shapes.pop(jid, None)  # its class in the engine's queue changes with its rank
+
+    def check_promotion(self, job: TraceJob) -> None:
+        """A promotion (`EngineState.promote_due`): only of a demoted job waiting, under a
+        policy that promotes, once it has waited since its preemption the policy's multiple
+        of its run time so far."""
+        jid, pol = job.job_id, self.policy
+        gpus = self.service_gpus(job)
+        due = pol.las_promote_wait_s(gpus, self.attained.get(jid, 0.0))
+        waited = self.t - self.since[jid]
+        why = {
+            f"policy {pol.name} does not promote": pol.las_promote_after_x == math.inf,
+            "the job is not demoted": jid not in self.demoted,
+            f"promoted after waiting {waited:g} s < {due:g} s": math.isfinite(due)
+            and waited < due * (1 - 1e-9) - 1e-6,
+        }
+        for message, broken in why.items():
+            if broken:
+                self.flag(jid, "demotion", message)
+        self.demoted.discard(jid)
+        self.promoted.add(jid)
         self.shapes.pop(jid, None)  # its class in the engine's queue changes with its rank
 
     # -- admit, hold, release ----------------------------------------------------------------

@@ -223,6 +223,18 @@ def simulate(
                 )
                 changed = True
                 last = None  # it settled jobs against the ranks before
+            for p in state.promote_due(now):  # up to their priority, for good
+                emit(
+                    {
+                        "t": now,
+                        "type": "promote",
+                        "job": p.job.id,
+                        "team": p.job.team,
+                        "waited_s": now - p.since,
+                    }
+                )
+                changed = True
+                last = None
         if not changed or not (state.pending or state.holds):
             continue
         result = last = schedule(state.snapshot(now), policy, shortcuts)
@@ -314,7 +326,7 @@ def simulate(
             emit(admit_ev)
         wakes = [result.next_wakeup]
         if policy.las:
-            wakes.append(state.next_demotion())  # a job waiting on it may then preempt
+            wakes.append(state.next_las_change())  # a job waiting on it may then preempt
         if rerun is not None and not (heap and heap[0][0] == now):
             # The skipped rerun's wake-up, as if it had run. Not when a job admitted just
             # now ends at once: the cycle its end runs now is the rerun, with its own.
