@@ -1,4 +1,6 @@
-"""The SQL store on a real SQLite file: lifecycle scenarios, concurrent pollers, properties.
+"""The SQL store on a real SQLite file: lifecycle scenarios (attempts that go wrong are in
+test_store_retries.py; SQLite's own tests, concurrent pollers and the random operations in
+test_store_sqlite.py).
 
 The scenario tests take the database from the `store_url` fixture; tests/test_store_postgres.py
 imports them and runs them again on a real PostgreSQL server. Times are passed explicitly
@@ -7,30 +9,20 @@ imports them and runs them again on a real PostgreSQL server. Times are passed e
 
 from __future__ import annotations
 
-import sqlite3
-import tempfile
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from builders import cluster, teams
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
-from store_workload import audit, ceilings, job_id, open_store, run_workers
 
 from berth.spec import JobSpec, SpecError, parse_spec
 from berth.store import (
     DuplicateJobError,
     JobStateError,
-    StaleAttemptError,
     Store,
-    StoreURLError,
     UnknownJobError,
     UnsupportedPolicyError,
-    lifecycle,
 )
-from berth.store.database import StaleSchemaError
 from berth.store.mirror import Mirror
 from berth.store.rebuild import live_rows
 from scheduling.config import parse_cluster, parse_teams
@@ -407,126 +399,6 @@ def test_cancel_frees_gpus_for_the_next_cycle(store: Store) -> None:
     assert store.cancel("a1", now=9) == store.status("a1")  # a second cancel changes nothing
 
 
-def test_reap_requeues_a_silent_job_and_refuses_its_old_worker(store: Store) -> None:
-    submit(store, "a1", 0, gpus=2)
-    store.schedule(now=1)
-    run(store, "a1", 2)
-    store.heartbeat("a1", attempt=1, now=100)
-    assert store.reap(now=150, lease_s=60) == []
-    assert store.reap(now=161, lease_s=60) == ["a1"]
-    lost = store.status("a1")
-    assert (lost.state, lost.attempt, lost.outcome, lost.preemptions) == ("queued", 1, "lost", 0)
-    assert store.usage()["a"].gpus == 0
-    store.schedule(now=162)
-    with pytest.raises(StaleAttemptError):
-        store.heartbeat("a1", attempt=1, now=163)  # the old worker wakes up
-    assert store.status("a1").state == "admitted" and store.status("a1").attempt == 2
-    with pytest.raises(StaleAttemptError):
-        store.finish("a1", "succeeded", attempt=1, now=164)
-    lost_events = [e for e in store.events("a1") if e.type == "lost"]
-    assert lost_events[0].data["by"] == "reap" and lost_events[0].data["attempt"] == 1
-
-
-def test_a_job_lost_again_and_again_backs_off_instead_of_looping(store: Store) -> None:
-    """A GPU another workload holds, a node that keeps failing: each launch is lost at once.
-    The first loss requeues at once (run elsewhere); then the waits double, as Kueue's after
-    repeated evictions, so the job does not relaunch in a tight loop."""
-    submit(store, "a1", 0, gpus=2)
-    now, waits = 1.0, []
-    for _ in range(5):
-        store.schedule(now=now)
-        st = store.status("a1")
-        assert st.state == "admitted", st
-        run(store, "a1", now)
-        store.finish("a1", "lost", attempt=st.attempt, message="gpu held", now=now)
-        waits.append(max(0.0, store.status("a1").not_before - now))
-        if waits[-1]:
-            store.schedule(now=now + waits[-1] / 2)
-            st = store.status("a1")
-            assert (st.state, st.reason_code) == ("queued", "backoff")
-        now += waits[-1] + 0.1
-    assert waits == [0.0, 10.0, 20.0, 40.0, 80.0]
-    # An attempt that ends otherwise starts the count again.
-    store.schedule(now=now)
-    run(store, "a1", now)
-    store.finish("a1", "preempted", attempt=store.status("a1").attempt, now=now)
-    assert store.status("a1").not_before <= now
-    store.schedule(now=now + 0.1)
-    run(store, "a1", now + 0.1)
-    store.finish("a1", "lost", attempt=store.status("a1").attempt, now=now + 0.2)
-    assert store.status("a1").not_before <= now + 0.2
-
-
-def test_an_exit_code_the_job_declares_recoverable_requeues_it_without_a_retry(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Exit 75 is recoverable for this job: the attempt ends as lost (back at its place in the
-    queue, no retry used) and says why, up to MAX_RECOVERIES times; then, and for any other
-    code, the job fails as before (its retries are the operator's to use)."""
-    monkeypatch.setattr(lifecycle, "MAX_RECOVERIES", 2)
-    submit(store, "a1", 0, gpus=2, recoverable_exit_codes=[75, -9])
-    now = 1.0
-    for used in (1, 2):
-        store.schedule(now=now)
-        run(store, "a1", now)
-        st = store.finish("a1", "failed", attempt=used, exit_code=75, message="NCCL", now=now)
-        assert (st.state, st.outcome, st.exit_code) == ("queued", "lost", 75)
-        assert "recoverable_exit_codes" in (st.message or "")
-        assert f"recovery {used} of at most 2" in (st.message or "") and "NCCL" in st.message
-        now = max(now, st.not_before) + 1.0
-    kinds = [e.type for e in store.events("a1")]
-    assert kinds.count("lost") == 2 and "fail" not in kinds
-    store.schedule(now=now)
-    run(store, "a1", now)
-    st = store.finish("a1", "failed", attempt=3, exit_code=75, message="NCCL", now=now)
-    assert (st.state, st.outcome) == ("failed", "failed")
-    assert "recovered 2 times (at most 2): this failure uses a retry" in (st.message or "")
-    # Another code is a failure at once.
-    submit(store, "a2", now, gpus=2, recoverable_exit_codes=[75])
-    store.schedule(now=now + 1)
-    run(store, "a2", now + 1)
-    st = store.finish("a2", "failed", attempt=1, exit_code=3, message="bug", now=now + 2)
-    assert (st.state, st.outcome, st.message) == ("failed", "failed", "bug")
-
-
-def test_a_preempting_job_silent_past_the_lease_counts_as_stopped(store: Store) -> None:
-    submit(store, "a1", 0, gpus=4)
-    submit(store, "a2", 1, gpus=4, priority=-1)  # the cheaper loss
-    store.schedule(now=2)
-    run(store, "a1", 3)
-    run(store, "a2", 4)
-    store.heartbeat("a1", now=500)
-    submit(store, "b1", 5, team="b", gpus=4)
-    store.schedule(now=6)
-    store.heartbeat("b1", now=500)  # its worker polls launchable() and stays alive meanwhile
-    assert store.reap(now=600, lease_s=300) == ["a2"]  # its worker died while stopping
-    assert store.status("a2").preemptions == 1 and store.launchable("b1")
-
-
-def test_failed_attempt_is_retried_as_a_new_attempt(store: Store) -> None:
-    submit(store, "a1", 0, gpus=1)
-    store.schedule(now=1)
-    run(store, "a1", 2)
-    failed = store.finish("a1", "failed", exit_code=3, message="CUDA OOM", now=3)
-    assert (failed.state, failed.exit_code, failed.message) == ("failed", 3, "CUDA OOM")
-    queued = store.retry("a1", now=4)
-    assert (queued.state, queued.attempt, queued.not_before) == ("queued", 1, 0)
-    with pytest.raises(JobStateError, match="retry needs it failed"):
-        store.retry("a1", now=4)
-    assert store.schedule(now=5).admitted == ("a1",)
-    assert store.status("a1").attempt == 2
-
-
-def test_retry_honours_its_backoff(store: Store) -> None:
-    submit(store, "a1", 0, gpus=1)
-    store.schedule(now=1)
-    store.finish("a1", "failed", exit_code=1, now=2)  # failed at launch, never started
-    store.retry("a1", not_before=100, now=3)
-    assert store.schedule(now=50).admitted == ()
-    assert store.status("a1").reason_code == "backoff"
-    assert store.schedule(now=100).admitted == ("a1",)
-
-
 def test_events_tell_the_story(store: Store) -> None:
     submit(store, "a1", 0, gpus=4)
     submit(store, "a2", 1, gpus=4, priority=-1)  # the cheaper loss
@@ -597,192 +469,3 @@ def test_bad_arguments_name_the_field(store: Store, store_url: str) -> None:
     foreign = r"\(kueue ordering, topology_group_blind placement\)"
     with pytest.raises(UnsupportedPolicyError, match=foreign):
         Store(store_url, CLUSTER, TEAMS, KUEUE_TAS)
-
-
-# -- SQLite only --------------------------------------------------------------------------------
-
-
-def test_urls_that_cannot_be_shared_are_refused() -> None:
-    with pytest.raises(StoreURLError, match="in-memory"):
-        Store("sqlite://", CLUSTER, TEAMS)
-    with pytest.raises(StoreURLError, match="not supported"):
-        Store("mysql://u@h/db", CLUSTER, TEAMS)
-
-
-def test_concurrent_pollers_never_give_a_gpu_twice_sqlite(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/berth.db"
-    run_workers(url, workers=4, jobs=100)
-    check_concurrent_history(url, jobs=100)
-
-
-def check_concurrent_history(url: str, jobs: int) -> None:
-    """After the pollers: every job succeeded, and the log breaks no invariant (audit)."""
-    store = open_store(url)
-    try:
-        final = store.jobs()
-        assert len(final) == jobs and {s.state for s in final} == {"succeeded"}
-        kinds = audit(store.events(), ceilings())
-        assert kinds["submit"] == jobs and kinds["finish"] == jobs
-        # Jobs ending in 7 fail their first run, unless it was preempted first.
-        assert 1 <= kinds["fail"] <= sum(1 for i in range(jobs) if job_id(i).endswith("7"))
-        # One admission per attempt: the first, and one after each requeue (retries and
-        # confirmed preemptions) or loss.
-        assert kinds["admit"] == jobs + kinds["requeue"] + kinds["lost"]
-        # Requeues are retries and confirmed preemptions; a victim may also finish on its
-        # own before it is stopped.
-        assert kinds["requeue"] <= kinds["fail"] + kinds["preempt"]
-    finally:
-        store.close()
-
-
-# -- properties ---------------------------------------------------------------------------------
-
-OUTCOMES = ["succeeded", "failed", "cancelled", "preempted", "lost"]
-SUBMIT = st.tuples(
-    st.just("submit"),
-    st.sampled_from(["a", "a", "b"]),  # a borrows often; b reclaims
-    st.sampled_from([0.5, 1, 1, 2, 3, 4]),
-    st.sampled_from([1, 1, 2]),
-    st.integers(-1, 1),
-)
-START = st.tuples(st.just("start"), st.integers(0, 40))
-SCHEDULE = st.tuples(st.just("schedule"))
-OP = st.one_of(  # repeated branches weigh the draw towards a busy cluster
-    SUBMIT,
-    SUBMIT,
-    SUBMIT,
-    SCHEDULE,
-    SCHEDULE,
-    SCHEDULE,
-    START,
-    START,
-    st.tuples(st.just("finish"), st.integers(0, 40), st.sampled_from(OUTCOMES)),
-    st.tuples(st.just("cancel"), st.integers(0, 40)),
-    st.tuples(st.just("reap")),
-)
-OPS = st.lists(OP, min_size=10, max_size=50)
-
-
-@settings(
-    max_examples=60,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-@given(OPS)
-def test_random_operations_keep_the_invariants(ops: list[tuple]) -> None:
-    with (
-        tempfile.TemporaryDirectory() as d,
-        Store(f"sqlite:///{d}/b.db", CLUSTER, TEAMS, FAST) as s,
-    ):
-        names: list[str] = []
-        t = 0.0
-        for op in ops:
-            t += 30.0
-            _apply(s, op, names, t)
-            check_invariants(s, after_cycle=op[0] == "schedule")
-        for _ in range(60):  # liveness: with everyone cooperating, every job gets to run
-            t += 30.0
-            s.schedule(now=t)
-            check_invariants(s, after_cycle=True)
-            live = s.jobs(states=["admitted", "running", "preempting", "queued"])
-            if not live:
-                break
-            for j in live:
-                if j.state == "admitted" and s.launchable(j.id):
-                    s.mark_started(j.id, j.attempt, now=t)
-                elif j.state == "running":
-                    s.finish(j.id, "succeeded", now=t)
-                elif j.state == "preempting":
-                    s.finish(j.id, "preempted", now=t)
-        assert not s.jobs(states=["admitted", "running", "preempting", "queued"])
-        assert all(u.gpus == 0 for u in s.usage().values())
-        for kind in sorted({e.type for e in s.events()}):
-            event(f"saw {kind}")  # --hypothesis-show-statistics: what the examples exercised
-
-
-def _apply(s: Store, op: tuple, names: list[str], t: float) -> None:
-    kind = op[0]
-    if kind == "submit":
-        _, team, gpus, replicas, prio = op
-        name = f"j{len(names)}"
-        s.submit(
-            spec(name, team=team, gpus=gpus, replicas=replicas, priority=prio), job_id=name, now=t
-        )
-        names.append(name)
-    elif kind == "schedule":
-        s.schedule(now=t)
-    elif kind == "reap":
-        s.reap(now=t, lease_s=100)
-    elif names:
-        # Even indices pick among the jobs the operation fits (so that examples get far),
-        # odd ones among all (so that refusals are exercised too).
-        fits = {"start": ["admitted"], "finish": ["admitted", "running", "preempting"]}
-        pool = [j.id for j in s.jobs(states=fits.get(kind, ["queued", "admitted", "running"]))]
-        if op[1] % 2 or not pool:
-            pool = names
-        name = pool[op[1] // 2 % len(pool)]
-        before = s.status(name)
-        try:
-            if kind == "start":
-                s.mark_started(name, before.attempt, now=t)
-            elif kind == "finish":
-                s.finish(name, op[2], now=t)
-            else:
-                s.cancel(name, now=t)
-        except JobStateError:
-            allowed = {
-                "start": {"admitted", "running"},
-                "finish": {"admitted", "running", "preempting"},
-            }
-            # refused only when the state does not allow it (or, to start, victims still stop)
-            assert before.state not in allowed[kind] or (kind == "start" and before.waits_for)
-            assert s.status(name) == before  # and a refusal changes nothing
-
-
-def check_invariants(s: Store, after_cycle: bool) -> None:
-    jobs = s.jobs()
-    held: dict[tuple[str, int], list[int]] = {}
-    physical: dict[tuple[str, int], list[int]] = {}
-    for j in jobs:
-        for r in j.placement:
-            for g in r.gpus:
-                if j.state in ("admitted", "running"):
-                    held.setdefault((r.node, g), []).append(r.share)
-                if j.state in ("running", "preempting"):
-                    physical.setdefault((r.node, g), []).append(r.share)
-    for slots in (held, physical):
-        for gpu, shares in slots.items():
-            assert shares == [0] or (0 not in shares and sum(shares) <= 1000), (gpu, shares)
-    for team, u in s.usage().items():
-        assert u.gpus <= u.ceiling, team
-    assert sum(u.gpus for u in s.usage().values()) <= 8
-    for j in jobs:
-        if j.state == "admitted":
-            stopping = [w for w in j.waits_for if s.status(w).state == "preempting"]
-            assert s.launchable(j.id) == (not stopping)
-        if after_cycle and j.state == "queued":
-            assert j.reason_code is not None and j.position is not None and j.position >= 1, j
-    if after_cycle:
-        positions = Counter((j.team, j.position) for j in jobs if j.state == "queued")
-        assert all(n == 1 for n in positions.values()), positions
-
-
-def test_a_database_made_by_an_older_berth_is_named_with_the_fix(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/old.db"
-    Store(url, CLUSTER, TEAMS).close()
-    with sqlite3.connect(tmp_path / "old.db") as db:  # as before jobs carried time limits
-        db.execute("ALTER TABLE jobs DROP COLUMN time_limit_s")
-    stale = r"'jobs' lacks column\(s\) time_limit_s.*new database"
-    with pytest.raises(StaleSchemaError, match=stale):
-        Store(url, CLUSTER, TEAMS)
-    # A column narrower than this version writes (reasons held 32 characters before models).
-    url = f"sqlite:///{tmp_path}/narrow.db"
-    Store(url, CLUSTER, TEAMS).close()
-    with sqlite3.connect(tmp_path / "narrow.db") as db:
-        db.execute("ALTER TABLE jobs DROP COLUMN reason_resource")
-        db.execute("ALTER TABLE jobs ADD COLUMN reason_resource VARCHAR(32)")
-    narrow = r"'jobs' has column\(s\) too narrow: reason_resource \(32 < 255 characters\)"
-    with pytest.raises(StaleSchemaError, match=narrow):
-        Store(url, CLUSTER, TEAMS)

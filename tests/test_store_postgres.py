@@ -18,25 +18,27 @@ from test_loop import (  # noqa: F401 (collected again, on PostgreSQL)
 )
 from test_mirror import random_run
 from test_store import (  # noqa: F401 (collected again, on PostgreSQL)
-    check_concurrent_history,
     make_store,
     store,
     test_a_job_placed_where_a_victim_still_stops_waits_for_it_too,
     test_a_job_that_can_never_run_is_refused_and_nothing_is_written,
     test_a_job_that_fits_the_quota_but_not_the_free_gpus_waits_for_placement,
     test_a_job_waits_on_its_teams_model_key_and_the_reason_names_it,
-    test_a_preempting_job_silent_past_the_lease_counts_as_stopped,
     test_a_queued_job_of_a_removed_team_is_rejected_by_the_next_cycle,
     test_admits_on_free_gpus_and_explains_who_waits,
     test_bad_arguments_name_the_field,
     test_cancel_frees_gpus_for_the_next_cycle,
     test_events_tell_the_story,
-    test_failed_attempt_is_retried_as_a_new_attempt,
     test_preemption_waits_for_the_victim_to_stop_then_requeues_it_in_place,
-    test_reap_requeues_a_silent_job_and_refuses_its_old_worker,
-    test_retry_honours_its_backoff,
     test_submit_is_idempotent_per_job_id,
 )
+from test_store_retries import (  # noqa: F401 (collected again, on PostgreSQL)
+    test_a_preempting_job_silent_past_the_lease_counts_as_stopped,
+    test_failed_attempt_is_retried_as_a_new_attempt,
+    test_reap_requeues_a_silent_job_and_refuses_its_old_worker,
+    test_retry_honours_its_backoff,
+)
+from test_store_sqlite import check_concurrent_history
 
 
 @pytest.fixture
