@@ -402,9 +402,11 @@ class EngineState:
             and run.gpu > 0
         ):
             gpus = run.gpu / GPU_UNIT
-            left = self.policy.las_limit_gpu_s(gpus) - self.attained.get(job.id, 0.0)
+            limit = self.policy.las_limit_gpu_s(gpus)
+            left = limit - self.attained.get(job.id, 0.0)
             # A job with its service but not demoted was promoted (`promote_due`): for good.
-            if left > 0 or self.policy.las_promote_after_x == math.inf:
+            # Its service was summed in floats, so "with its service" allows for rounding.
+            if left > limit * 1e-9 + 1e-6 or self.policy.las_promote_after_x == math.inf:
                 when = run.start_time + max(0.0, left) / gpus
                 heapq.heappush(self._demotions, (when, job.id, run.start_time))
         if job.preemptible:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from audit_logs import CLUSTER, admit, ev
+from scenario_gen import TOPOLOGY_AWARE, _simulate
 from test_audit_deficit import A1, B1, B2, BOUNDED, DUE, WHOLE, C, lent_out
-from test_properties import TOPOLOGY_AWARE, _simulate
 from test_shortcuts import _load
 
 from scheduling.config import parse_teams

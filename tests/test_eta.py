@@ -13,7 +13,7 @@ import math
 from dataclasses import replace
 
 from hypothesis import given, note, settings
-from test_properties import EXAMPLES, PROPERTY, Scenario, scenarios
+from scenario_gen import EXAMPLES, PROPERTY, Scenario, scenarios
 
 from scheduling.config import DEFAULT_SLOWDOWN, parse_cluster, parse_teams
 from scheduling.eta import ESTIMATE, LIMITS, estimate_starts

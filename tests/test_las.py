@@ -312,3 +312,19 @@ def test_a_sound_promotion_passes_and_bad_ones_fail() -> None:
     again = _promote_log(1400, v, p)
     again.insert(9, ev(1800, "demote", v))  # running again, demoted again: not after promotion
     assert check(again, [v, p], LAS_SMALL_PROMOTING) == ["demotion"]
+
+
+def test_a_promoted_job_whose_service_rounds_below_the_threshold_is_not_demoted_again() -> None:
+    # Found by the property tests: a 7-GPU job demoted at 600 GPU-seconds and preempted at
+    # once counts 7 x (now - start), which floats can make 599.99999999. Promoted, it must
+    # not be demoted again as if it had service still to have.
+    policy = replace(LAS, las_demote_after_gpu_s=600.0, las_promote_after_x=0.5)
+    state = EngineState(ONE_NODE, TEAM, policy)
+    job = Job("j", "a", 1, 2000, checkpoint_s=60.0, demoted=True)
+    state.attained["j"] = 600.0 - 1e-10
+    state.restore_pending(job, 0.0, 1, since=100.0)
+    (p,) = state.promote_due(400.0)
+    state.cancel("j")
+    placement = Placement((ReplicaPlacement(0, (0, 1)),), "node")
+    state.restore_running(p.job, placement, 500.0, 1, enqueued=0.0, seq=1)
+    assert state.next_demotion() is None

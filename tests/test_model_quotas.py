@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from builders import World, admitted, job, policy
-from test_properties import TOPOLOGY_AWARE, _simulate
+from scenario_gen import TOPOLOGY_AWARE, _simulate
 from test_shortcuts import _load
 from typer.testing import CliRunner
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, note, seed, settings
 from hypothesis import strategies as st
-from test_properties import EXAMPLES, FRESH_SEED, PROPERTY, Scenario, scenarios
+from scenario_gen import EXAMPLES, FRESH_SEED, PROPERTY, Scenario, scenarios
 
 from scheduling.shortcuts import EXACT, FAST
 from scheduling.simulator.baselines import POLICIES

@@ -33,7 +33,7 @@ _clock = time.time  # the workers' deadline clock (a test gives its own)
 
 def _one_seed(s0: int) -> tuple[int, str | None]:
     """60 fresh examples drawn from seed `s0`: how many ran, and what failed, if anything."""
-    import test_properties as tp
+    import scenario_gen as tp
     import test_shortcuts as ts
     from hypothesis import Phase, given, seed, settings
 
