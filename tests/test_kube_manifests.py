@@ -345,6 +345,10 @@ def test_the_readme_installs_with_the_values_and_the_pod_template() -> None:
     assert "docker/helm/values.yaml" in words
     assert "podTemplate=docker/helm/pod-template.yaml" in words
     assert words[words.index("podTemplate=docker/helm/pod-template.yaml") - 1] == "--set-file"
+    # The chart pinned, to the version the values name.
+    pinned = re.search(r"^# Chart version: (\S+) \(pinned", VALUES.read_text(), flags=re.M)
+    assert pinned, "docker/helm/values.yaml does not name its chart version"
+    assert "--version" in words and words[words.index("--version") + 1] == pinned.group(1)
 
 
 def test_the_readme_names_the_node_labels_the_inventory_reads() -> None:
