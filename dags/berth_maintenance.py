@@ -14,6 +14,7 @@ from typing import Any
 from airflow.sdk import DAG, task
 
 from operators.context import settings
+from operators.store_access import store_pod_override
 
 ON_KUBERNETES = settings().runtime_kind == "kubernetes"
 
@@ -27,7 +28,7 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
 
-    @task(retries=0)
+    @task(retries=0, executor_config=store_pod_override())  # the store's URL, on Kubernetes
     def sweep() -> dict[str, Any]:
         from operators.maintenance import sweep as sweep_now
 

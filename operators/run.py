@@ -44,6 +44,7 @@ from operators.queueing import decide_now, queue_job
 from operators.release import release_job
 from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
 from operators.staging import collect_attempt
+from operators.store_access import with_store_access
 from operators.tracking import MlflowRunLink, TaskRef, close_attempt, push_run_url
 from operators.triggers import AdmissionTrigger, CompletionTrigger
 
@@ -89,7 +90,7 @@ class BerthRunOperator(BaseOperator):
             else:
                 kwargs[key] = value  # the spec wins over the DAG's default_args
         kwargs.setdefault("retry_policy", SpecRetryPolicy())
-        super().__init__(**kwargs)
+        super().__init__(**with_store_access(kwargs))
         self.spec = spec
         self.prepare_task_id = prepare_task_id
         self.stage_task_id = stage_task_id

@@ -28,6 +28,7 @@ from operators.job import (
 from operators.preparing import failing_fast, prepare, stage
 from operators.release import release_job
 from operators.staging import collect_attempt
+from operators.store_access import with_store_access
 from operators.tracking import TaskRef
 
 
@@ -38,7 +39,7 @@ class _SpecStep(BaseOperator):
     ui_color = "#e8f1fb"
 
     def __init__(self, *, spec: SpecArg, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**with_store_access(kwargs))
         self.spec = spec
 
 

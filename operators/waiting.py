@@ -33,6 +33,7 @@ from operators.notifying import JobMoment, check_waiting_after, notify
 from operators.preparing import plan_launch
 from operators.queueing import decide_now, queue_job
 from operators.release import release_job
+from operators.store_access import with_store_access
 from operators.tracking import TaskRef
 from operators.triggers import AdmissionTrigger
 
@@ -71,7 +72,7 @@ class WaitForAdmissionOperator(BaseOperator):
         # Nothing here is worth a retry: a refusal is final, and a failed launch is the run
         # task's attempt to retry (by the spec's retries).
         kwargs["retries"] = 0
-        super().__init__(**kwargs)
+        super().__init__(**with_store_access(kwargs))
         self.spec = spec
         self.run_task_id = run_task_id
         self.prepare_task_id = prepare_task_id

@@ -36,6 +36,7 @@ from kubernetes import client, dynamic
 from berth.runtime.kubernetes.config import KubeConfig, load_kube_config
 from berth.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, TopologyLabels
 from berth.runtime.kubernetes.pods import KubeSettings, _security
+from operators.store_access import STORE_KEY, STORE_SECRET
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
@@ -281,10 +282,9 @@ def test_the_pod_template_is_what_the_executor_and_the_runtime_need() -> None:
 
     env = {e["name"]: e for e in base["env"]}
     assert env["BERTH_RUNTIME"]["value"] == "kubernetes"
-    assert env["BERTH_STORE_URL"]["valueFrom"]["secretKeyRef"] == {
-        "name": "berth-store",
-        "key": "url",
-    }
+    # Not the store's URL: only Berth's tasks add it (operators/store_access.py, whose test,
+    # test_store_access.py, renders the pods with the provider's own code).
+    assert "BERTH_STORE_URL" not in env
     assert env["MLFLOW_TRACKING_URI"]["value"].startswith("http")
     mounts = {m["mountPath"]: m["name"] for m in base["volumeMounts"]}
     assert mounts["/etc/berth"] == "berth-config"  # where BERTH_TEAMS and the settings point
@@ -312,7 +312,9 @@ def test_the_helm_values_set_what_the_chart_reads() -> None:
     env = {e["name"]: e["value"] for e in values["env"]}
     assert env["BERTH_RUNTIME"] == "kubernetes"
     secrets = {s["envName"]: (s["secretName"], s["secretKey"]) for s in values["secret"]}
-    assert secrets["BERTH_STORE_URL"] == ("berth-store", "url")
+    # The Airflow components (the triggerer's triggers, the API server's plugin) read the store
+    # from the Secret that Berth's task pods add (operators/store_access.py).
+    assert secrets["BERTH_STORE_URL"] == (STORE_SECRET, STORE_KEY)
     assert isinstance(values["postgresql"]["enabled"], bool)
 
     # The values and the pod template tell the same story.

@@ -1,0 +1,62 @@
+"""Only Berth's own tasks reach the store on Kubernetes (docs/decisions/0027).
+
+The store's URL holds the password of the scheduler's database. On the KubernetesExecutor every
+task's pod is made from one pod template, so a URL there would reach every task of every DAG,
+and any DAG's code could write the scheduler's tables. The template carries no URL: Berth's
+operators add it to their own pods through the executor's `pod_override`
+(`executor_config`), from the same Secret the Airflow components read. Other executors ignore
+`executor_config`, so this changes nothing on the embedded default.
+
+Decided when the DAG file is parsed, from the deployment's `BERTH_RUNTIME` (the Helm values
+give it to every Airflow container): the executor reads `executor_config` from the serialized
+DAG, before any task code runs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+STORE_URL = "BERTH_STORE_URL"
+# The Secret and key the deployment keeps the URL in (docker/README.md, step 2).
+STORE_SECRET, STORE_KEY = "berth-store", "url"
+BASE_CONTAINER = "base"  # the KubernetesExecutor's task container
+
+
+def store_pod_override() -> dict[str, Any]:
+    """`executor_config` for a task of Berth's: on Kubernetes, its pod gets the store's URL
+    from the Secret; elsewhere nothing."""
+    if os.environ.get("BERTH_RUNTIME") != "kubernetes":
+        return {}
+    from kubernetes.client import models as k8s
+
+    url = k8s.V1EnvVar(
+        name=STORE_URL,
+        value_from=k8s.V1EnvVarSource(
+            secret_key_ref=k8s.V1SecretKeySelector(name=STORE_SECRET, key=STORE_KEY)
+        ),
+    )
+    container = k8s.V1Container(name=BASE_CONTAINER, env=[url])
+    return {"pod_override": k8s.V1Pod(spec=k8s.V1PodSpec(containers=[container]))}
+
+
+def with_store_access(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """An operator's keyword arguments with the store's access added (a DAG's own
+    `executor_config` kept, and the URL added to its pod_override's task container)."""
+    extra = store_pod_override()
+    if not extra:
+        return kwargs
+    config = dict(kwargs.get("executor_config") or {})
+    mine = config.get("pod_override")
+    if mine is None:
+        config["pod_override"] = extra["pod_override"]
+    else:  # the DAG's override, with the URL on its task container
+        ours = extra["pod_override"].spec.containers[0]
+        containers = list(mine.spec.containers or []) if mine.spec else []
+        base = next((c for c in containers if c.name == BASE_CONTAINER), None)
+        if base is None:
+            containers.append(ours)
+        else:
+            base.env = [e for e in (base.env or []) if e.name != STORE_URL] + ours.env
+        mine.spec.containers = containers
+    return {**kwargs, "executor_config": config}

@@ -1,0 +1,96 @@
+"""Only Berth's tasks get the store's URL on Kubernetes (operators/store_access.py): the pod
+template every task's pod is made from carries none, Berth's operators add it through the
+KubernetesExecutor's pod_override, and the provider's own code (PodGenerator, the DAG
+serializer) merges and keeps it. No kubelet runs here: the pods are rendered, not started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+from airflow.sdk import DAG, task
+from airflow.serialization.serialized_objects import DagSerialization
+from kubernetes.client import models as k8s
+
+from operators import gpu_job
+from operators.steps import ValidateSpecOperator
+from operators.store_access import STORE_KEY, STORE_SECRET, STORE_URL
+
+POD_TEMPLATE = Path(__file__).resolve().parent.parent / "docker" / "helm" / "pod-template.yaml"
+SPEC = {
+    "name": "bert",
+    "team": "vision",
+    "image": "ghcr.io/org/train:1",
+    "command": ["python", "train.py"],
+    "gpus_per_replica": 1,
+}
+
+
+def _env(pod: k8s.V1Pod) -> dict[str, Any]:
+    (base,) = [c for c in pod.spec.containers if c.name == "base"]
+    return {e.name: e for e in base.env or []}
+
+
+def _dag() -> DAG:
+    with DAG("t_store_access", schedule=None) as dag:
+        gpu_job(SPEC)  # every step of a job's lifecycle
+
+        @task
+        def users_own() -> None:  # any task of a DAG's own
+            pass
+
+        users_own()
+    return dag
+
+
+def test_the_pod_template_gives_no_task_the_store() -> None:
+    template = yaml.safe_load(POD_TEMPLATE.read_text())
+    (base,) = template["spec"]["containers"]
+    assert STORE_URL not in {e["name"] for e in base["env"]}
+    assert STORE_URL not in POD_TEMPLATE.read_text()
+
+
+def test_berths_tasks_get_the_store_from_the_secret_and_a_dags_own_task_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BERTH_RUNTIME", "kubernetes")
+    # The DAG as the scheduler and the executor read it: serialized, then deserialized.
+    dag = DagSerialization.from_dict(DagSerialization.to_dict(_dag()))
+    template = PodGenerator.deserialize_model_file(str(POD_TEMPLATE))
+    berths = [t.task_id for t in dag.tasks if t.task_id != "users_own"]
+    assert len(berths) >= 6, berths  # validate, prepare, stage, wait, run, collect, clean up
+    for task_id in [*berths, "users_own"]:
+        override = (dag.get_task(task_id).executor_config or {}).get("pod_override")
+        pod = PodGenerator.reconcile_pods(template, override)  # what the executor does
+        env = _env(pod)
+        assert env["BERTH_RUNTIME"].value == "kubernetes", task_id  # the template's, kept
+        if task_id == "users_own":
+            assert STORE_URL not in env
+            continue
+        ref = env[STORE_URL].value_from.secret_key_ref
+        assert (ref.name, ref.key) == (STORE_SECRET, STORE_KEY), task_id
+
+
+def test_a_dags_own_pod_override_is_kept_beside_the_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BERTH_RUNTIME", "kubernetes")
+    mine = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(labels={"cost-center": "nlp"}),
+        spec=k8s.V1PodSpec(
+            containers=[k8s.V1Container(name="base", env=[k8s.V1EnvVar(name="X", value="1")])]
+        ),
+    )
+    op = ValidateSpecOperator(task_id="validate", spec=SPEC, executor_config={"pod_override": mine})
+    pod = op.executor_config["pod_override"]
+    assert pod.metadata.labels == {"cost-center": "nlp"}
+    assert set(_env(pod)) == {"X", STORE_URL}
+
+
+def test_elsewhere_no_executor_config_is_added(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BERTH_RUNTIME", "local")
+    op = ValidateSpecOperator(task_id="validate", spec=SPEC)
+    assert not op.executor_config
