@@ -19,19 +19,24 @@ from scheduling.policy import POLICIES
 LAS = replace(POLICIES["berth-las-gpu"], min_runtime_s=0.0)  # 4 GPU-hours, 600 s delay
 
 
+def _a_full_and_a3_waiting(store: Store) -> None:
+    """Team a fills both nodes (4 GPUs of its own, 4 borrowed) with a1 (started at 1) and a2
+    (at 2), jobs that checkpoint; a3, of the same priority, comes at 100 and waits on quota."""
+    for name in ("a1", "a2"):
+        submit(store, name, 0, gpus=4, checkpoint_every_s=600)
+    store.schedule(now=0)
+    run(store, "a1", 1)
+    run(store, "a2", 2)
+    submit(store, "a3", 100, gpus=4, checkpoint_every_s=600)
+
+
 def test_a_demotion_and_the_service_it_counts_survive_a_rebuild(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/berth.db"
     store = Store(url, CLUSTER, TEAMS, LAS)
     try:
-        # Team a fills both nodes (4 GPUs of its own, 4 borrowed); a3, of the same priority,
-        # waits on its quota. At 4 GPUs, a1 and a2 have their 4 GPU-hours 3,600 s after they
-        # started: then a3 takes the one that started last.
-        submit(store, "a1", 0, gpus=4, checkpoint_every_s=600)
-        submit(store, "a2", 0, gpus=4, checkpoint_every_s=600)
-        store.schedule(now=0)
-        run(store, "a1", 1)
-        run(store, "a2", 2)
-        submit(store, "a3", 100, gpus=4, checkpoint_every_s=600)
+        # At 4 GPUs, a1 and a2 have their 4 GPU-hours 3,600 s after they started: then a3
+        # takes the one that started last.
+        _a_full_and_a3_waiting(store)
         report = store.schedule(now=1000)
         assert not report.preempted and report.next_wakeup == 3601.0  # a1's demotion
         # What on-call reads: the wait, and the demotion that may end it.
@@ -129,12 +134,7 @@ def test_a_promotion_is_written_and_survives_a_rebuild(tmp_path: Path) -> None:
     promoting = replace(LAS, las_promote_after_x=1.0)
     store = Store(url, CLUSTER, TEAMS, promoting)
     try:
-        submit(store, "a1", 0, gpus=4, checkpoint_every_s=600)
-        submit(store, "a2", 0, gpus=4, checkpoint_every_s=600)
-        store.schedule(now=0)
-        run(store, "a1", 1)
-        run(store, "a2", 2)
-        submit(store, "a3", 100, gpus=4, checkpoint_every_s=600)
+        _a_full_and_a3_waiting(store)
         store.schedule(now=1000)
         assert store.schedule(now=3700).preempted == ("a2",)
         store.finish("a2", "preempted", now=3710)
