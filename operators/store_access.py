@@ -52,7 +52,9 @@ def with_store_access(kwargs: dict[str, Any]) -> dict[str, Any]:
         config["pod_override"] = extra["pod_override"]
     else:  # the DAG's override, with the URL on its task container
         ours = extra["pod_override"].spec.containers[0]
-        containers = list(mine.spec.containers or []) if mine.spec else []
+        if mine.spec is None:  # an override of metadata only
+            mine.spec = type(extra["pod_override"].spec)(containers=[])
+        containers = list(mine.spec.containers or [])
         base = next((c for c in containers if c.name == BASE_CONTAINER), None)
         if base is None:
             containers.append(ours)

@@ -222,8 +222,8 @@ class EngineState:
         heap = self._demotions
         while heap and heap[0][0] <= now:
             _, job_id, start = heapq.heappop(heap)
-            run = self.running.get(job_id)
-            if run is None or run.start_time != start or run.job.demoted:
+            run = self._undemoted_run(job_id, start)
+            if run is None:
                 continue  # ended or preempted since
             self._unindex(run)
             self._count_rank(run.job, -1)
@@ -246,8 +246,8 @@ class EngineState:
         heap = self._promotions
         while heap and heap[0][0] <= now:
             _, job_id, since = heapq.heappop(heap)
-            p = self.pending.get(job_id)
-            if p is None or p.since != since or not p.job.demoted:
+            p = self._demoted_wait(job_id, since)
+            if p is None:
                 continue  # admitted, ended or preempted again since
             self._dequeue(job_id)
             out.append(self._enqueue(replace(p, job=replace(p.job, demoted=False))))
@@ -258,8 +258,7 @@ class EngineState:
         heap = self._promotions
         while heap:
             _, job_id, since = heap[0]
-            p = self.pending.get(job_id)
-            if p is not None and p.since == since and p.job.demoted:
+            if self._demoted_wait(job_id, since) is not None:
                 return heap[0][0]
             heapq.heappop(heap)
         return None
@@ -269,8 +268,8 @@ class EngineState:
         waiting job of that team and rank may preempt it from then (`reasons.after_demotion`)."""
         out: dict[tuple[str, int], tuple[float, str]] = {}
         for when, job_id, start in self._demotions:
-            run = self.running.get(job_id)
-            if run is None or run.start_time != start or run.job.demoted:
+            run = self._undemoted_run(job_id, start)
+            if run is None:
                 continue
             key = (run.job.team, run.job.rank)
             if key not in out or (when, job_id) < out[key]:
@@ -287,11 +286,20 @@ class EngineState:
         heap = self._demotions
         while heap:
             _, job_id, start = heap[0]
-            run = self.running.get(job_id)
-            if run is not None and run.start_time == start and not run.job.demoted:
+            if self._undemoted_run(job_id, start) is not None:
                 return heap[0][0]
             heapq.heappop(heap)
         return None
+
+    def _undemoted_run(self, job_id: str, start: float) -> Running | None:
+        """The run a demotion heap entry was made for, if it still runs undemoted."""
+        run = self.running.get(job_id)
+        return run if run is not None and run.start_time == start and not run.job.demoted else None
+
+    def _demoted_wait(self, job_id: str, since: float) -> Pending | None:
+        """The wait a promotion heap entry was made for, if the job still waits demoted."""
+        p = self.pending.get(job_id)
+        return p if p is not None and p.since == since and p.job.demoted else None
 
     def _check_new(self, job: Job) -> None:
         if job.id in self.pending or job.id in self.running or job.id in self.holds:

@@ -90,6 +90,13 @@ def test_a_dags_own_pod_override_is_kept_beside_the_store(
     assert set(_env(pod)) == {"X", STORE_URL}
 
 
+def test_an_override_of_metadata_only_gets_the_store_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BERTH_RUNTIME", "kubernetes")
+    mine = k8s.V1Pod(metadata=k8s.V1ObjectMeta(labels={"cost-center": "nlp"}))
+    op = ValidateSpecOperator(task_id="validate", spec=SPEC, executor_config={"pod_override": mine})
+    assert set(_env(op.executor_config["pod_override"])) == {STORE_URL}
+
+
 def test_elsewhere_no_executor_config_is_added(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BERTH_RUNTIME", "local")
     op = ValidateSpecOperator(task_id="validate", spec=SPEC)

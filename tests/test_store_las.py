@@ -14,9 +14,20 @@ from berth.store import Store, runner
 from berth.store.mirror import Mirror
 from berth.store.rebuild import live_rows
 from plugins.berth_api import models
-from scheduling.policy import POLICIES
+from scheduling.policy import POLICIES, Policy
+from scheduling.state import EngineState
 
 LAS = replace(POLICIES["berth-las-gpu"], min_runtime_s=0.0)  # 4 GPU-hours, 600 s delay
+
+
+def _rebuilt(url: str, policy: Policy) -> EngineState:
+    """The engine's state as another process (or a restart) builds it from the tables."""
+    again = Store(url, CLUSTER, TEAMS, policy)
+    try:
+        with again.engine.connect() as conn:
+            return Mirror.build(CLUSTER, TEAMS, policy, live_rows(conn).values(), {}).state
+    finally:
+        again.close()
 
 
 def _a_full_and_a3_waiting(store: Store) -> None:
@@ -72,17 +83,12 @@ def test_a_demotion_and_the_service_it_counts_survive_a_rebuild(tmp_path: Path) 
     finally:
         store.close()
     # Another process (or a restart) builds the same: a2 queued, demoted, with its service.
-    again = Store(url, CLUSTER, TEAMS, LAS)
-    try:
-        with again.engine.connect() as conn:
-            state = Mirror.build(CLUSTER, TEAMS, LAS, live_rows(conn).values(), {}).state
-        queued = state.pending["a2"].job
-        assert queued.demoted and queued.rank == 0 and state.attained["a2"] == 4 * 3698
-        assert state.running["a1"].job.demoted and not state.running["a3"].job.demoted
-        # a3 reaches its threshold 3,600 s after it started, unless it ends first.
-        assert state.next_demotion() == 3711 + 3600
-    finally:
-        again.close()
+    state = _rebuilt(url, LAS)
+    queued = state.pending["a2"].job
+    assert queued.demoted and queued.rank == 0 and state.attained["a2"] == 4 * 3698
+    assert state.running["a1"].job.demoted and not state.running["a3"].job.demoted
+    # a3 reaches its threshold 3,600 s after it started, unless it ends first.
+    assert state.next_demotion() == 3711 + 3600
 
 
 def test_a_demotion_decided_before_the_job_started_is_not_written(
@@ -153,13 +159,8 @@ def test_a_promotion_is_written_and_survives_a_rebuild(tmp_path: Path) -> None:
         store.self_check()
     finally:
         store.close()
-    again = Store(url, CLUSTER, TEAMS, promoting)
-    try:
-        with again.engine.connect() as conn:
-            state = Mirror.build(CLUSTER, TEAMS, promoting, live_rows(conn).values(), {}).state
-        admitted = state.running["a2"].job
-        assert not admitted.demoted and admitted.rank == 1 and state.next_promotion() is None
-        assert state.attained["a2"] == 4 * 3698  # its service stays: it is not demoted again
-        assert state.next_demotion() is None
-    finally:
-        again.close()
+    state = _rebuilt(url, promoting)
+    admitted = state.running["a2"].job
+    assert not admitted.demoted and admitted.rank == 1 and state.next_promotion() is None
+    assert state.attained["a2"] == 4 * 3698  # its service stays: it is not demoted again
+    assert state.next_demotion() is None

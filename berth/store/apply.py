@@ -40,6 +40,7 @@ from berth.store.views import CycleReport, StoreError
 from scheduling import reasons
 from scheduling.cycle import schedule
 from scheduling.decisions import CycleResult, Reason
+from scheduling.jobs import Job
 
 _EXPLAINED = ("reason_code", "reason_message", "reason_level", "reason_resource")
 _DEMOTION_HELPS = (Reason.QUOTA, Reason.NO_PLACEMENT)  # what a demoted job's GPUs can answer
@@ -160,10 +161,8 @@ def _demote(conn: Connection, mirror: Mirror, now: float) -> None:
     left for the cycle that demotes it again, so the table never says more than the state."""
     state = mirror.state
     for job_id in sorted(mirror.demoted):
-        row = mirror.rows.get(job_id)
-        run = state.running.get(job_id)
-        queued = state.pending.get(job_id)
-        job = run.job if run else queued.job if queued else None
+        row, run = mirror.rows.get(job_id), state.running.get(job_id)
+        job = _known_job(mirror, job_id)
         if row is None or row["demoted"] or job is None or not job.demoted:
             continue  # ended or put back meanwhile, or written already
         row["demoted"] = True
@@ -177,12 +176,8 @@ def _promote(conn: Connection, mirror: Mirror, now: float) -> None:
     """The demoted jobs `decide` promoted back (`EngineState.promote_due`), written: queued
     still, or admitted in the same cycle. As with `_demote`, one the news put back since
     (cancelled, or its row changed) is left to the state as its row now says."""
-    state = mirror.state
     for job_id, since in sorted(mirror.promoted.items()):
-        row = mirror.rows.get(job_id)
-        run = state.running.get(job_id)
-        queued = state.pending.get(job_id)
-        job = run.job if run else queued.job if queued else None
+        row, job = mirror.rows.get(job_id), _known_job(mirror, job_id)
         if row is None or not row["demoted"] or job is None or job.demoted:
             continue
         row["demoted"] = False
@@ -190,6 +185,13 @@ def _promote(conn: Connection, mirror: Mirror, now: float) -> None:
         waited = round(now - since, 3)
         emit(conn, now, job_id, "promote", waited_s=waited, attempt=row["attempt"])
     mirror.promoted.clear()
+
+
+def _known_job(mirror: Mirror, job_id: str) -> Job | None:
+    """The job as the state holds it now, running or queued (None: ended or put back)."""
+    state = mirror.state
+    run, queued = state.running.get(job_id), state.pending.get(job_id)
+    return run.job if run else queued.job if queued else None
 
 
 def _admit(conn: Connection, mirror: Mirror, result: CycleResult, now: float) -> None:
