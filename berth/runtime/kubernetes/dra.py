@@ -55,7 +55,7 @@ class DraSettings(BaseModel):
     device_class: str = "gpu.nvidia.com"
     index_attribute: str | None = "index"  # 'index' or 'domain/index'; None: names only
     device_name: str = "gpu-{index}"
-    slices_ttl_s: float = Field(30.0, ge=0)  # how long a node's devices are reused
+    slices_ttl_s: float = Field(30.0, ge=0)  # how long one cluster-wide list of slices is reused
 
     @field_validator("driver", "device_class")
     @classmethod
