@@ -25,10 +25,8 @@ import argparse
 import json
 import random
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import code_version, machine, reference_ms
+from bench.kube_cluster import CpuTime, api_requests, requests_since, simulated_cluster
 from berth.spec import parse_spec
 from berth.store import Store
 from scheduling.config import parse_cluster, parse_teams
@@ -44,10 +43,7 @@ from scheduling.jobs import Placement, ReplicaPlacement
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the real API server's harness lives with the tests
 
-from kubeapi import run_kube_api  # noqa: E402
-from kubelet_standin import KubeletStandin, make_node  # noqa: E402
-from kubernetes import client  # noqa: E402
-from kwok import FAKE, run_kwok  # noqa: E402
+from kubelet_standin import KubeletStandin  # noqa: E402
 
 from berth.runtime.kubernetes import KubernetesRuntime  # noqa: E402
 from berth.runtime.kubernetes.watch import ClusterWatch  # noqa: E402
@@ -88,32 +84,11 @@ def run(
     completion trigger would."""
     rng = random.Random(seed)
     with (
-        tempfile.TemporaryDirectory() as tmp,
-        run_kube_api(Path(tmp)) as kube,
+        simulated_cluster(nodes, teams, kubelet=kubelet, run_s=run_s, workers=workers) as sim,
         ThreadPoolExecutor(workers) as pool,
-        ExitStack() as stack,
     ):
+        kube, names, team_names, tmp = sim.kube, sim.nodes, sim.teams, sim.workdir
         core = kube.core
-        names = [f"node-{i:04d}" for i in range(nodes)]
-        fake = {FAKE: "fake"} if kubelet == "kwok" else None
-        list(pool.map(lambda n: make_node(core, n, gpus=8, annotations=fake), names))
-        if kubelet == "kwok":
-            ms = round(run_s * 1000)
-            stack.enter_context(run_kwok(kube, Path(tmp) / "kwok", run_ms=ms, jitter_ms=ms))
-        team_names = [f"team{t}" for t in range(teams)]
-        for t in team_names:
-            ns = f"berth-{t}"
-            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-            kube.create_service_account(ns, "default")
-        client.SchedulingV1Api(kube.admin).create_priority_class(
-            {
-                "apiVersion": "scheduling.k8s.io/v1",
-                "kind": "PriorityClass",
-                "metadata": {"name": "berth-job"},
-                "value": 1000,
-                "preemptionPolicy": "Never",
-            }
-        )
         cluster = parse_cluster(
             {
                 "name": "bench",
@@ -147,6 +122,7 @@ def run(
         t_cycles = t_launch = t_kubelet = t_poll = t_stop = 0.0
         pods = admitted = finished = polls = 0
         last_log = started = time.perf_counter()
+        cpu, asked_before = CpuTime(), api_requests(kube)
         while finished < jobs:
             t0 = time.perf_counter()
             report = store.schedule()
@@ -219,6 +195,7 @@ def run(
                     f"pods {pods}"
                 )
         wall = time.perf_counter() - started
+        cpu_s, served = cpu.spent(), requests_since(asked_before, api_requests(kube))
         store.close()
         if watcher is not None:
             watcher.stop()
@@ -245,6 +222,10 @@ def run(
         "polls_per_s": round(polls / t_poll, 1) if t_poll else None,
         "stop_s": round(t_stop, 2),
         "kubelet_standin_s": round(t_kubelet, 2),  # the stand-in's own requests, in the wall
+        "cpu_s": cpu_s,  # CPU seconds per process over the wall time (bench/kube_cluster.py)
+        # What the API server served meanwhile (Berth's, KWOK's), by verb and resource.
+        "api_requests": served,
+        "api_requests_per_job": round(served["total"] / jobs, 2),
         # From submission (every job is submitted at the start: mostly the queue) and from
         # admission (the launch) to the gang's last pod Running, by the pods' startTime
         # (whole seconds) as the first poll that finds the gang running reads it from the
@@ -336,6 +317,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ("seconds in polls", "poll_s_total"),
         ("seconds in teardowns", "stop_s"),
         ("seconds in the stand-in kubelet", "kubelet_standin_s"),
+        ("API server requests / job (all clients)", "api_requests_per_job"),
         ("submission to all pods Running, s (median, p90, p99)", "submit_to_running_s"),
         ("admission to all pods Running, s (median, p90, p99)", "admit_to_running_s"),
     )

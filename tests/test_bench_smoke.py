@@ -139,6 +139,39 @@ def test_kube_bench_tiny_on_kwok(tmp_path) -> None:
     assert result["kubelet_standin_s"] == 0
 
 
+def test_kube_floor_tiny_beside_kube_bench(tmp_path) -> None:
+    """The floor (bare pods, no Berth) and kube_bench alternately on the same KWOK cluster: every
+    job through both, the ratio and each process's CPU time reported."""
+    from bench import kube_floor
+
+    out = tmp_path / "floor.json"
+    argv = ["--nodes", "4", "--jobs", "12", "--teams", "2", "--run-s", "1", "--compare", "1"]
+    report = kube_floor.main([*argv, "--out", str(out)])
+    assert json.loads(out.read_text())["berth_over_floor"] == report["berth_over_floor"]
+    berth, floor = (r["result"] for r in report["runs"])
+    assert floor["jobs"] == berth["jobs"] == 12
+    assert floor["pods"] == berth["pods"]  # the same jobs, drawn from the same seed
+    assert floor["requests"] == 2 * floor["pods"]  # a create and a delete each
+    assert report["berth_over_floor"] == [
+        round(berth["jobs_admitted_per_s"] / floor["jobs_per_s"], 3)
+    ]
+    for run in (berth, floor):
+        assert run["cpu_s"]["kube-apiserver"] > 0 and run["cpu_s"]["kwok"] > 0
+
+
+def test_floor_first_fit_packs_and_gives_back() -> None:
+    fit = load("kube_floor").FirstFit(["a", "b", "c"])
+    [used] = fit.place(1, 3)
+    assert fit.place(1, 5) == [used]  # the fullest node that fits, not an empty one
+    assert fit.free[used] == 0
+    gang = fit.place(2, 8)
+    assert gang is not None and len(set(gang)) == 2 and used not in gang
+    assert fit.place(1, 1) is None and fit.total == 0
+    fit.release(gang, 8)
+    assert fit.place(3, 8) is None  # only two nodes are empty: nothing is held by the try
+    assert fit.total == 16 and sorted(fit.free.values()) == [0, 8, 8]
+
+
 def test_lifecycle_bench_parts_without_airflow(tmp_path: Path) -> None:
     """The whole benchmark needs an Airflow standalone (minutes); its parts that can break
     silently are checked here: the DAG copy with another poll_s, and the summary."""
