@@ -22,6 +22,7 @@ import httpx
 import yaml
 from dag_runs import airflow_env as airflow_env_for
 from dag_runs import run_dag as run_dag_test
+from kube_gang import ensure_priority_class
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubelet_standin import KubeletStandin, bind, make_node
 from kubernetes import client
@@ -29,7 +30,6 @@ from mlflow_server import MlflowServer
 from oci_registry import OCI_MANIFEST, Registry
 from test_kube_build import Site, registry  # noqa: F401 (the module's registry fixture)
 from test_kube_outputs import WORK, run_collector
-from test_kube_runtime import ensure_priority_class
 from test_kube_volumes import MOUNT, PodRunner, create_data_claim
 
 from berth.runtime.kubernetes.build_manifests import builder_name

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kube_gang import ensure_priority_class
 from kubeapi import REPO, KubeAPI, kube_api, run_kube_api  # noqa: F401 (the session fixture)
 from kubelet_standin import make_node
 from kubernetes import client
 from kwok import EXIT_CODE, FAKE, kwok_path, run_kwok
 from store_workload import audit
-from test_kube_runtime import ensure_priority_class
 from waiting import wait_for
 
 from berth.runtime import RuntimeUnavailable

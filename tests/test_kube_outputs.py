@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kube_gang import Gang, ensure_priority_class
 from kubeapi import REPO, KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubelet_standin import bind
 from kubernetes import client
 from pydantic import ValidationError
 from s3server import S3Server
 from test_kube_manifests import DryRun
-from test_kube_runtime import Gang, ensure_priority_class
 from test_kube_volumes import IMAGE, RESTRICTED, create_data_claim
 
 from berth.runtime.base import LaunchError

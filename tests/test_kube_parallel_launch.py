@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kube_gang import Gang, ensure_priority_class
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
-from test_kube_runtime import Gang, ensure_priority_class
 
 from berth.runtime.base import LaunchError
 from berth.runtime.kubernetes.pods import attempt_name

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 from dra_standin import GPU_DRIVER, ensure_device_class, publish_gpus
+from kube_gang import RBAC_YAML, Gang, ensure_priority_class
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubernetes import client
-from test_kube_runtime import RBAC_YAML, Gang, ensure_priority_class
 from test_kube_volumes import create_data_claim
 from waiting import wait_for
 

@@ -8,21 +8,18 @@ the runtime is mocked."""
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 import urllib3
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from kubeapi import KubeAPI, create_once, kube_api  # noqa: F401 (the session fixture)
-from kubelet_standin import MERGE_PATCH, KubeletStandin, make_node
-from kubernetes import client
+from kube_gang import GPU, Gang, container_status, ensure_priority_class
+from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
+from kubelet_standin import KubeletStandin
 
 from berth.runtime.base import LaunchError, LogCursor, RuntimeUnavailable
 from berth.runtime.kubernetes import (
@@ -32,110 +29,10 @@ from berth.runtime.kubernetes import (
     KubernetesRuntime,
     KubeSettings,
     LogsUnavailable,
-    discover_cluster,
 )
 from berth.runtime.kubernetes.pods import attempt_name, label_value, new_launch, pod_manifest
 from berth.runtime.kubernetes.status import transient_pull
 from berth.spec import JobSpec
-from scheduling.cluster import Cluster
-from scheduling.jobs import Placement, ReplicaPlacement
-
-RBAC_YAML = Path(__file__).resolve().parents[1] / "docker" / "rbac" / "berth-runtime.yaml"
-GPU = "nvidia.com/gpu"
-
-
-def ensure_priority_class(core_client: client.ApiClient) -> None:
-    """The PriorityClass that docker/rbac/berth-runtime.yaml ships (cluster-wide, shared)."""
-    doc = next(d for d in yaml.safe_load_all(RBAC_YAML.read_text()) if d["kind"] == "PriorityClass")
-    create_once(client.SchedulingV1Api(core_client).create_priority_class, doc)
-
-
-class Clock:
-    """Wall-clock time that a test moves, so that timeouts need no waiting."""
-
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Gang:
-    """Two fake 8-GPU nodes in a pool of their own, a team namespace, the inventory's cluster,
-    the stand-in kubelet of both nodes, and a runtime (as the admin unless `api` is given)."""
-
-    def __init__(self, kube: KubeAPI, api: client.ApiClient | None = None, **settings: Any) -> None:
-        self.kube, self.core = kube, kube.core
-        pool = kube.unique_name("pool")
-        self.nodes = [f"{pool}-a", f"{pool}-b"]
-        for name in self.nodes:
-            make_node(self.core, name, labels={"berth.io/pool": pool})
-        self.team = kube.unique_name("team")
-        self.ns = f"berth-{self.team}"
-        self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=self.ns)))
-        kube.create_service_account(self.ns, "default")
-        inventory_api = client.CoreV1Api(api) if api is not None else self.core
-        self.cluster: Cluster = discover_cluster(
-            inventory_api, node_selector=f"berth.io/pool={pool}"
-        ).cluster
-        self.kubelet = KubeletStandin(self.core, self.nodes)
-        self.clock = Clock()
-        self.settings = KubeSettings(start_timeout_s=60, grace_s=5, **settings)
-        self.runtime = KubernetesRuntime(api or kube.admin, self.settings, clock=self.clock)
-
-    def placement(self, *replicas: tuple[int, tuple[int, ...]]) -> Placement:
-        return Placement(tuple(ReplicaPlacement(node, gpus) for node, gpus in replicas), "rack")
-
-    def launch(self, placement: Placement | None = None, **kwargs: Any) -> KubeLaunch:
-        placement = placement or self.placement((0, (0, 1, 2, 3)), (1, (4, 5, 6, 7)))
-        args: dict[str, Any] = {
-            "env": {"LR": "0.1"},
-            "image": "ghcr.io/org/train:1.0",
-            "team": self.team,
-            "cpus": 8,
-            "memory_gb": 32,
-        } | kwargs
-        job_id = args.pop("job_id", None) or self.kube.unique_name("Job_X")
-        attempt = args.pop("attempt", 1)
-        command = ["python", "train.py"]
-        return self.runtime.launch(job_id, attempt, command, placement, self.cluster, **args)
-
-    def pods(self, launch: KubeLaunch) -> dict[str, client.V1Pod]:
-        found = self.core.list_namespaced_pod(self.ns).items
-        return {p.metadata.name: p for p in found if p.metadata.name.startswith(launch.service)}
-
-    def services(self) -> list[str]:
-        return [s.metadata.name for s in self.core.list_namespaced_service(self.ns).items]
-
-    def report(self, pod: str, status: dict[str, Any]) -> None:
-        """Write pod status as the pod's kubelet would."""
-        self.core.patch_namespaced_pod_status(
-            pod, self.ns, {"status": status}, _content_type=MERGE_PATCH
-        )
-
-    def terminate(self, pod: str, code: int, reason: str = "Error", message: str = "") -> None:
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        term = {"exitCode": code, "reason": reason, "finishedAt": now, "startedAt": now}
-        if message:
-            term["message"] = message
-        self.report(
-            pod,
-            {
-                "phase": "Succeeded" if code == 0 else "Failed",
-                "containerStatuses": [_container_status({"terminated": term})],
-            },
-        )
-
-
-def _container_status(state: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "name": "main",
-        "image": "ghcr.io/org/train:1.0",
-        "imageID": "",
-        "ready": False,
-        "restartCount": 0,
-        "state": state,
-    }
 
 
 @pytest.fixture
@@ -321,7 +218,7 @@ def test_an_image_pull_error_fails_without_retry_and_says_the_fix(kube: KubeAPI)
     waiting = {"reason": "ErrImagePull", "message": "manifest unknown"}
     g.report(
         f"{launch.service}-0",
-        {"phase": "Pending", "containerStatuses": [_container_status({"waiting": waiting})]},
+        {"phase": "Pending", "containerStatuses": [container_status({"waiting": waiting})]},
     )
     status = g.runtime.poll(launch)
     assert (status.state, status.cause, status.retryable) == ("failed", "image", False)
@@ -342,7 +239,7 @@ def test_a_pull_the_registry_refused_for_now_is_waited_for_then_requeued(kube: K
     waiting = {"reason": "ErrImagePull", "message": f"failed to pull: {limited}"}
     g.report(
         f"{launch.service}-0",
-        {"phase": "Pending", "containerStatuses": [_container_status({"waiting": waiting})]},
+        {"phase": "Pending", "containerStatuses": [container_status({"waiting": waiting})]},
     )
     assert g.runtime.poll(launch).state == "running"  # still starting: not failed
     g.clock.now += 61

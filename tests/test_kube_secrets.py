@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kube_gang import Gang, ensure_priority_class
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from test_kube_manifests import DryRun
-from test_kube_runtime import Gang, ensure_priority_class
 from test_kube_volumes import RESTRICTED
 
 from berth.runtime.base import LaunchError

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kube_gang import Gang, ensure_priority_class
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubernetes.utils import parse_quantity
 from pydantic import ValidationError
 from test_kube_manifests import DryRun
-from test_kube_runtime import Gang, ensure_priority_class
 from test_kube_volumes import RESTRICTED, create_data_claim
 
 from berth.runtime.base import LaunchError

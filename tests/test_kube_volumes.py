@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
+from kube_gang import Gang, ensure_priority_class
 from kubeapi import REPO, KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubelet_standin import MERGE_PATCH, bind
 from kubernetes import client
 from pydantic import ValidationError
 from test_kube_manifests import DryRun
-from test_kube_runtime import Gang, ensure_priority_class
 from waiting import wait_for
 
 from berth.runtime.base import LaunchError

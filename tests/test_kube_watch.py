@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import urllib3
+from kube_gang import Gang, ensure_priority_class
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from ports import free_port
-from test_kube_runtime import Gang, ensure_priority_class
 from waiting import wait_for
 
 from berth.runtime import RuntimeUnavailable

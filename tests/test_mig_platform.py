@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from airflow.sdk.definitions.param import ParamValidationError
+from kube_gang import Gang, ensure_priority_class
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from test_inventory import fake_nvidia_smi
-from test_kube_runtime import Gang, ensure_priority_class
 from waiting import wait_for
 
 from berth.runtime.base import LaunchError

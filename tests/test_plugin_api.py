@@ -1,137 +1,45 @@
-"""The Berth plugin: its REST API and metrics against a real store, and the plugin in Airflow.
-
-The app is mounted at `/berth` in a bare FastAPI app as Airflow's API server mounts it, over a
-real SQLite store driven through a small history with explicit times (two jobs borrow, one is
-preempted to give a team its nominal back, a shared GPU, jobs never looked at, one finished).
-Airflow's login is swapped for a user who may do anything, except in the test that checks it
-is asked for; the deployment test at the end checks the real thing: the plugin loads in
-Airflow's API server, a token opens the API, no token or a viewer's token to cancel does not.
-"""
+"""The Berth plugin's REST API against a real store (tests/plugin_api_kit.py: the history, the
+app mounted as Airflow mounts it, Airflow's login swapped for a user who may do anything except
+in the test that checks it is asked for). Its metrics: test_plugin_metrics.py; the plugin in a
+real Airflow: test_plugin_in_airflow.py."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from airflow._shared.module_loading.file_discovery import find_path_from_directory
-from airflow.api_fastapi.core_api.security import get_user
-from airflow_server import AirflowDeployment
-from builders import cluster, job_spec, teams
-from fastapi import FastAPI
+from builders import cluster, job_spec
 from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import select
-from waiting import wait_for
+from plugin_api_kit import (  # noqa: F401 (fixtures)
+    API,
+    CLUSTER,
+    FAST,
+    REPO,
+    TEAMS,
+    History,
+    borrow,
+    by_name,
+    client_fixture,
+    get,
+    history_fixture,
+    mounted,
+    reclaim,
+    scrape,
+    settle,
+    store_fixture,
+)
 
-from berth.settings import BerthSettings
 from berth.store import Store
-from berth.store.schema import engine_row
 from berth.store.views import ModelUsage, TeamUsage
-from plugins.berth_api import access, models, source
-from plugins.berth_api.app import create_app
+from plugins.berth_api import models
 from scheduling.config import parse_teams
-from scheduling.policy import BERTH
-
-REPO = Path(__file__).resolve().parent.parent
-CLUSTER = cluster(nodes=2, gpus=4, groups=2)  # 2 nodes x 4 GPUs, 2 NVLink pairs each
-TEAMS = teams(a={"nominal": 4, "borrowing_limit": 4}, b=4)  # b's borrowing is unlimited
-FAST = replace(BERTH, name="berth-fast", min_runtime_s=0.0, preemption_delay_s=0.0)
-API = "/berth/api/v1"
-
-
-@dataclass
-class History:
-    victim: str  # a's job preempted to give b its nominal back; queued again
-    survivor: str  # a's other job, running
-
-
-def borrow(store: Store) -> None:
-    """t=0..2: team a takes all 8 GPUs, 4 of them borrowed from b's idle nominal."""
-    store.submit(job_spec("a1", "a", 4), job_id="a1", now=0.0)
-    store.submit(job_spec("a2", "a", 4), job_id="a2", now=0.5)
-    store.schedule(now=1.0)
-    store.mark_started("a1", 1, now=2.0)
-    store.mark_started("a2", 1, now=2.0)
-
-
-def reclaim(store: Store) -> History:
-    """t=10..11: b asks for 2 GPUs of its nominal; one of a's jobs is preempted (stopping)."""
-    store.submit(job_spec("b1", "b", 2), job_id="b1", now=10.0)
-    report = store.schedule(now=11.0)
-    assert report.admitted == ("b1",) and len(report.preempted) == 1, report
-    victim = report.preempted[0]
-    return History(victim=victim, survivor=({"a1", "a2"} - {victim}).pop())
-
-
-def settle(store: Store, h: History) -> None:
-    """t=12..21: the victim stops and waits again (its team has no quota left to borrow); two
-    half-GPU jobs share a GPU, one of them ends; d and e were never looked at by a cycle."""
-    store.finish(h.victim, "preempted", attempt=1, now=12.0)
-    store.schedule(now=13.0)
-    store.mark_started("b1", 1, now=13.5)
-    store.submit(job_spec("c", "b", 0.5), job_id="c", now=13.0)
-    store.submit(job_spec("f", "b", 0.5), job_id="f", now=13.0)
-    store.schedule(now=16.0)
-    store.mark_started("f", 1, now=16.5)
-    store.finish("f", "succeeded", exit_code=0, attempt=1, now=18.0)
-    store.submit(job_spec("d", "b", 1), job_id="d", now=20.0)
-    store.submit(job_spec("e", "b", 1, priority=10), job_id="e", now=21.0)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{tmp_path}/berth.db", CLUSTER, TEAMS, FAST)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def history(store: Store) -> History:
-    borrow(store)
-    h = reclaim(store)
-    settle(store, h)
-    return h
-
-
-class Anyone:
-    """Stands in for Airflow's user: the auth manager itself is checked in the deployment."""
-
-    def get_name(self) -> str:
-        return "on-call"
-
-
-def mounted(store: Store, *, login: bool = False) -> TestClient:
-    app = create_app()
-    app.dependency_overrides[source.current_store] = lambda: store
-    if not login:
-        app.dependency_overrides[get_user] = Anyone
-        app.dependency_overrides[access.may_read] = lambda: None
-        app.dependency_overrides[access.may_cancel] = lambda: None
-    airflow = FastAPI()
-    airflow.mount("/berth", app)  # as Airflow's API server mounts a plugin's app
-    return TestClient(airflow)
-
-
-@pytest.fixture
-def client(store: Store) -> TestClient:
-    return mounted(store)
-
-
-def get(client: TestClient, path: str, status: int = 200, **kw: Any) -> Any:
-    r = client.get(path, **kw)
-    assert r.status_code == status, r.text
-    return r.json()
-
 
 # -- the API's answers ------------------------------------------------------------------------
 
@@ -447,132 +355,6 @@ def test_the_pages_are_static_files_under_a_strict_policy(client: TestClient) ->
         assert client.get(f"/berth/ui/static/{asset}").status_code == 200, asset
 
 
-# -- metrics ----------------------------------------------------------------------------------
-
-
-def scrape(client: TestClient) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """(sample name, sorted labels) -> value, parsed by Prometheus' own parser."""
-    r = client.get("/berth/metrics")
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("text/plain; version=")
-    out = {}
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            out[s.name, tuple(sorted(s.labels.items()))] = s.value
-    return out
-
-
-def by_name(samples: dict, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    return {labels: v for (n, labels), v in samples.items() if n == name}
-
-
-def test_metrics_parse_and_match_the_store(
-    store: Store, history: History, client: TestClient
-) -> None:
-    m = scrape(client)
-    # Pending, counted from the jobs themselves, not from the same aggregate query.
-    pending: dict[tuple[tuple[str, str], ...], float] = {}
-    for s in store.jobs(states=["queued"]):
-        key = (("reason", s.reason_code or "unexamined"), ("team", s.team))
-        pending[key] = pending.get(key, 0) + 1
-    assert (
-        by_name(m, "berth_pending_jobs")
-        == pending
-        == {
-            (("reason", "quota"), ("team", "a")): 1,
-            (("reason", "unexamined"), ("team", "b")): 2,
-        }
-    )
-    usage = store.usage()
-    for team, u in usage.items():
-        key = (("resource", "gpus"), ("team", team))
-        assert m["berth_team_resource_usage", key] == u.gpus
-        assert m["berth_team_nominal_quota", key] == u.nominal
-        assert m["berth_team_resource_borrowed", key] == u.borrowed
-        assert m["berth_admitted_active_jobs", (("team", team),)] == u.running
-    assert by_name(m, "berth_team_borrowing_limit") == {(("resource", "gpus"), ("team", "a")): 4}
-    assert by_name(m, "berth_cluster_gpus") == {
-        (("state", "free"),): 1.5,
-        (("state", "held"),): 6.5,
-        (("state", "stopping"),): 0.0,
-    }
-    assert by_name(m, "berth_evicted_jobs_total") == {(("reason", "preempted"), ("team", "a")): 1}
-    assert by_name(m, "berth_finished_jobs_total") == {(("outcome", "succeeded"), ("team", "b")): 1}
-    # Waits: a1 1 s, a2 0.5 s; b1 1 s, c and f 3 s (submitted at 13, admitted at 16). The
-    # victim's second admission has not happened, so it is not counted.
-    wait = "berth_admission_wait_time_seconds"
-    assert m[f"{wait}_count", (("team", "a"),)] == 2 and m[f"{wait}_sum", (("team", "a"),)] == 1.5
-    assert m[f"{wait}_count", (("team", "b"),)] == 3 and m[f"{wait}_sum", (("team", "b"),)] == 7
-    buckets = {
-        dict(k)["le"]: v for k, v in by_name(m, f"{wait}_bucket").items() if ("team", "b") in k
-    }
-    assert (buckets["1.0"], buckets["2.0"], buckets["4.0"], buckets["+Inf"]) == (1, 1, 3, 3)
-    # The loop's pulse: cycles committed and when the last one was; no ETA estimated yet.
-    with store.engine.connect() as conn:
-        count, last = conn.execute(select(engine_row.c.cycles, engine_row.c.last_cycle_at)).one()
-    assert count > 0 and m["berth_scheduling_cycles_total", ()] == count
-    assert m["berth_last_cycle_timestamp_seconds", ()] == last
-    assert by_name(m, "berth_etas_timestamp_seconds") == {}
-    store.estimate_starts(now=40.0)
-    assert scrape(client)["berth_etas_timestamp_seconds", ()] == 40.0
-
-
-def test_model_keys_are_quota_metrics_named_as_teams_yaml_names_them() -> None:
-    from plugins.berth_api.metrics import _quotas
-
-    u = TeamUsage(
-        "a", 6.0, 8.0, 12.0, 0.0, 0, 2,
-        models=(ModelUsage("H100", 5.0, 4.0, 6.0), ModelUsage("A100", 1.0, None, None)),
-    )  # fmt: skip
-    samples = {
-        (family.name, s.labels["resource"]): s.value
-        for family in _quotas([u])
-        for s in family.samples
-        if s.labels["team"] == "a" and s.labels["resource"] != "gpus"
-    }
-    assert samples == {
-        ("berth_team_resource_usage", "gpus.H100"): 5.0,
-        ("berth_team_nominal_quota", "gpus.H100"): 4.0,
-        ("berth_team_borrowing_limit", "gpus.H100"): 2.0,
-        ("berth_team_resource_borrowed", "gpus.H100"): 1.0,
-        ("berth_team_resource_usage", "gpus.A100"): 1.0,  # no key for A100: held only
-    }
-
-
-def test_the_grafana_dashboard_queries_only_what_the_plugin_exports(
-    store: Store, history: History, client: TestClient
-) -> None:
-    """docker/grafana/berth-dashboard.json: every panel's query names series a scrape gives
-    (a renamed metric would leave a panel empty without a word)."""
-    store.estimate_starts(now=40.0)  # so that every gauge has a sample
-    exported = {name for name, _ in scrape(client)}
-    dashboard = json.loads((REPO / "docker" / "grafana" / "berth-dashboard.json").read_text())
-    queried = {
-        name
-        for panel in dashboard["panels"]
-        for target in panel["targets"]
-        for name in re.findall(r"\bberth_[a-z_]+", target["expr"])
-    }
-    assert len(dashboard["panels"]) >= 8 and len(queried) >= 10
-    assert queried <= exported, f"not exported: {sorted(queried - exported)}"
-    for panel in dashboard["panels"]:
-        assert panel["datasource"]["uid"] == "${datasource}" and panel["targets"], panel["title"]
-
-
-def test_every_scrape_reads_the_store_anew(
-    store: Store, history: History, client: TestClient
-) -> None:
-    before = scrape(client)
-    assert client.post(f"{API}/jobs/{history.survivor}/cancel").status_code == 200
-    store.schedule(now=30.0)  # the victim takes the freed GPUs back
-    after = scrape(client)
-    cancelled = ("berth_finished_jobs_total", (("outcome", "cancelled"), ("team", "a")))
-    assert cancelled not in before and after[cancelled] == 1
-    wait = ("berth_admission_wait_time_seconds_count", (("team", "a"),))
-    assert (before[wait], after[wait]) == (2, 3)
-    assert after["berth_admission_wait_time_seconds_sum", (("team", "a"),)] == 1.5 + 18.0
-
-
 # -- login and layers -------------------------------------------------------------------------
 
 
@@ -629,128 +411,3 @@ def test_airflow_loads_only_the_registration_and_it_builds_nothing() -> None:
     assert done.returncode == 0, done.stderr
     printed = [ln for ln in done.stdout.splitlines() if ln.startswith("[")]  # not Airflow's log
     assert printed == ["[]", "['fastapi', 'plugins.berth_api']"]
-
-
-# -- the plugin in a real Airflow -------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[AirflowDeployment, Path]]:
-    """Airflow's API server alone (the plugin lives there), with the repo's plugins folder, an
-    admin and a viewer; its Berth home holds the store the test writes to."""
-    root = tmp_path_factory.mktemp("airflow")
-    dags = root / "dags"
-    dags.mkdir()
-    home = root / "berth"
-    access = root / "access.yaml"  # who may use which team: admin vision, viewer research
-    access.write_text("teams:\n  vision: [admin]\n  research: [viewer]\n")
-    teams = root / "teams.yaml"  # the repo's, in a file the pool test may change
-    teams.write_text((REPO / "config" / "teams.yaml").read_text())
-    af = AirflowDeployment(
-        root,
-        dags,
-        home,
-        extra_env={
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
-            "BERTH_ACCESS": str(access),
-            "BERTH_TEAMS": str(teams),
-            "BERTH_POOL_SYNC_S": "0.5",
-        },
-    )
-    try:
-        af.migrate()
-        af.start("api-server")
-        af.wait_healthy(("api-server",))
-        yield af, home
-    finally:
-        af.stop()
-
-
-def token(af: AirflowDeployment, user: str) -> str:
-    passwords = af.home / "simple_auth_manager_passwords.json"
-    # The auth manager writes a password for the viewer when the API server starts.
-    password = wait_for(
-        lambda: json.loads(passwords.read_text()).get(user), f"{user}'s password", 60
-    )
-    r = httpx.post(
-        f"{af.url}/auth/token", json={"username": user, "password": password}, timeout=30
-    )
-    r.raise_for_status()
-    return str(r.json()["access_token"])
-
-
-def test_the_plugin_loads_in_airflow_behind_its_login(
-    airflow: tuple[AirflowDeployment, Path],
-) -> None:
-    af, home = airflow
-    plugins = af.api.call("GET", "/plugins")["plugins"]
-    berth = [p for p in plugins if p["name"] == "berth"]
-    assert len(berth) == 1, plugins
-    assert [(a["name"], a["url_prefix"]) for a in berth[0]["fastapi_apps"]] == [("Berth", "/berth")]
-    assert af.api.call("GET", "/plugins/importErrors")["import_errors"] == []
-
-    # The store the API server reads: the same settings, from the same BERTH_HOME.
-    store = BerthSettings.from_env({"BERTH_HOME": str(home)}).store()
-    store.submit(job_spec("from-dag", "vision", 1), job_id="from-dag", labels={"dag_id": "train"})
-    queue = f"{af.url}{API}/queue"
-    assert httpx.get(queue, timeout=30).status_code == 401
-    bad = {"Authorization": "Bearer not-a-token"}
-    assert httpx.get(queue, headers=bad, timeout=30).status_code == 403
-
-    admin = {"Authorization": f"Bearer {token(af, 'admin')}"}
-    viewer = {"Authorization": f"Bearer {token(af, 'viewer')}"}
-    for who in (admin, viewer):
-        r = httpx.get(queue, headers=who, timeout=30)
-        assert r.status_code == 200, af.log_tails()
-        assert [j["id"] for j in r.json()["jobs"]] == ["from-dag"]
-
-    cancel = f"{af.url}{API}/jobs/from-dag/cancel"
-    r = httpx.post(cancel, headers=viewer, timeout=30)
-    assert r.status_code == 403 and "DAG 'train'" in r.json()["detail"]
-    assert store.status("from-dag").state == "queued"
-    r = httpx.post(cancel, headers=admin, timeout=30)
-    assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
-    assert store.status("from-dag").state == "cancelled"
-    # Airflow lets the admin change every DAG's runs, but BERTH_ACCESS keeps research's jobs
-    # to research's users.
-    store.submit(job_spec("theirs", "research", 1), job_id="theirs", labels={"dag_id": "train"})
-    r = httpx.post(f"{af.url}{API}/jobs/theirs/cancel", headers=admin, timeout=30)
-    detail = r.json()["detail"]
-    assert r.status_code == 403 and "user 'admin' may not cancel jobs of team 'research'" in detail
-    assert "your teams: vision" in detail and "teams.research" in detail, detail
-    assert store.status("theirs").state == "queued"
-
-    metrics = httpx.get(f"{af.url}/berth/metrics", timeout=30)
-    assert metrics.status_code == 200
-    names = {f.name for f in text_string_to_metric_families(metrics.text)}
-    assert {"berth_pending_jobs", "berth_finished_jobs", "berth_cluster_gpus"} <= names
-    assert 'berth_finished_jobs_total{outcome="cancelled",team="vision"} 1.0' in metrics.text
-
-
-def test_the_api_server_keeps_the_team_pools_in_step_with_the_teams_file(
-    airflow: tuple[AirflowDeployment, Path],
-) -> None:
-    """No `berth pools sync` by hand: the API server creates a pool per team (slots: the GPUs
-    the team may reach, deferred tasks not counted) and updates it when the file changes."""
-    af, _ = airflow
-    teams_file = Path(af.env["BERTH_TEAMS"])
-    before = teams_file.read_text()
-
-    def team_pools() -> dict[str, tuple[int, bool]]:
-        pools = af.api.call("GET", "/pools")["pools"]
-        return {p["name"]: (p["slots"], p["include_deferred"]) for p in pools
-                if p["name"].startswith("berth-")}  # fmt: skip
-
-    wanted = {"berth-vision": (8, False), "berth-language": (4, False)}
-    wanted["berth-research"] = (2, False)
-    wait_for(lambda: team_pools() == wanted, f"the team pools {wanted}", 60)
-    try:
-        more = before.replace("borrowing_limit: {gpus: 0}", "borrowing_limit: {gpus: 3}")
-        assert more != before
-        teams_file.write_text(more)
-        wanted["berth-research"] = (5, False)
-        wait_for(lambda: team_pools() == wanted, "berth-research resized to 5 slots", 60)
-    finally:
-        teams_file.write_text(before)
-    wanted["berth-research"] = (2, False)
-    wait_for(lambda: team_pools() == wanted, "berth-research back to 2 slots", 60)
