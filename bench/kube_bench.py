@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import code_version, machine, reference_ms
-from bench.kube_cluster import CpuTime, api_requests, requests_since, simulated_cluster
+from bench.kube_cluster import Spent, simulated_cluster
 from berth.spec import parse_spec
 from berth.store import Store
 from scheduling.config import parse_cluster, parse_teams
@@ -122,7 +122,7 @@ def run(
         t_cycles = t_launch = t_kubelet = t_poll = t_stop = 0.0
         pods = admitted = finished = polls = 0
         last_log = started = time.perf_counter()
-        cpu, asked_before = CpuTime(), api_requests(kube)
+        spent = Spent(kube)
         while finished < jobs:
             t0 = time.perf_counter()
             report = store.schedule()
@@ -195,7 +195,7 @@ def run(
                     f"pods {pods}"
                 )
         wall = time.perf_counter() - started
-        cpu_s, served = cpu.spent(), requests_since(asked_before, api_requests(kube))
+        costs = spent.report(jobs)
         store.close()
         if watcher is not None:
             watcher.stop()
@@ -222,10 +222,7 @@ def run(
         "polls_per_s": round(polls / t_poll, 1) if t_poll else None,
         "stop_s": round(t_stop, 2),
         "kubelet_standin_s": round(t_kubelet, 2),  # the stand-in's own requests, in the wall
-        "cpu_s": cpu_s,  # CPU seconds per process over the wall time (bench/kube_cluster.py)
-        # What the API server served meanwhile (Berth's, KWOK's), by verb and resource.
-        "api_requests": served,
-        "api_requests_per_job": round(served["total"] / jobs, 2),
+        **costs,  # CPU seconds per process, the API server's requests (bench/kube_cluster.py)
         # From submission (every job is submitted at the start: mostly the queue) and from
         # admission (the launch) to the gang's last pod Running, by the pods' startTime
         # (whole seconds) as the first poll that finds the gang running reads it from the

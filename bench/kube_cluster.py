@@ -139,3 +139,20 @@ def requests_since(before: dict[str, int], after: dict[str, int]) -> dict[str, i
     out = dict(sorted(moved.items(), key=lambda kv: -kv[1]))
     out["total"] = sum(moved.values())
     return out
+
+
+class Spent:
+    """What a run costs from construction to `report`: CPU seconds per process (`CpuTime`)
+    and the requests the API server served (`api_requests`), in a benchmark's result keys."""
+
+    def __init__(self, kube: KubeAPI) -> None:
+        self.kube, self.cpu, self.asked = kube, CpuTime(), api_requests(kube)
+
+    def report(self, jobs: int) -> dict[str, object]:
+        cpu_s = self.cpu.spent()
+        served = requests_since(self.asked, api_requests(self.kube))
+        return {
+            "cpu_s": cpu_s,  # CPU seconds per process over the run
+            "api_requests": served,  # by verb and resource, KWOK's too
+            "api_requests_per_job": round(served["total"] / jobs, 2),
+        }

@@ -40,7 +40,7 @@ from rich.table import Table
 
 from bench import kube_bench
 from bench.common import code_version, console_for_tables, machine, reference_ms, write_report
-from bench.kube_cluster import ROOT, CpuTime, api_requests, requests_since, simulated_cluster
+from bench.kube_cluster import ROOT, Spent, simulated_cluster
 
 GPUS_PER_NODE = 8
 LABEL = "app.kubernetes.io/managed-by"  # KWOK's stages end the pods that carry it (tests/kwok.py)
@@ -196,7 +196,7 @@ def run(
         ended = EndedJobs(core, {name: replicas for name, _, replicas, _ in waiting}, events)
         requests = finished = 0
         last_log = started = time.perf_counter()
-        cpu, asked_before = CpuTime(), api_requests(sim.kube)
+        spent = Spent(sim.kube)
 
         def create(ns: str, name: str, hosts: list[str], gpus: int) -> None:
             for rank, node in enumerate(hosts):
@@ -252,7 +252,7 @@ def run(
                     f"finished {finished}, requests {requests}"
                 )
         wall = time.perf_counter() - started
-        cpu_s, served = cpu.spent(), requests_since(asked_before, api_requests(sim.kube))
+        costs = spent.report(jobs)
         ended.stop()
     return {
         "kubelet": "kwok",
@@ -267,9 +267,7 @@ def run(
         "wall_s": round(wall, 2),
         "jobs_per_s": round(jobs / wall, 1),
         "pods_per_s": round(requests / 2 / wall, 1),
-        "cpu_s": cpu_s,
-        "api_requests": served,  # what the API server served meanwhile (KWOK's too)
-        "api_requests_per_job": round(served["total"] / jobs, 2),
+        **costs,
     }
 
 
