@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import yaml
+from builder_standin import Site, registry_fixture  # noqa: F401 (the registry fixture)
 from dag_runs import airflow_env as airflow_env_for
 from dag_runs import run_dag as run_dag_test
 from kube_gang import ensure_priority_class
@@ -28,7 +29,6 @@ from kubelet_standin import KubeletStandin, bind, make_node
 from kubernetes import client
 from mlflow_server import MlflowServer
 from oci_registry import OCI_MANIFEST, Registry
-from test_kube_build import Site, registry  # noqa: F401 (the module's registry fixture)
 from test_kube_outputs import WORK, run_collector
 from test_kube_volumes import MOUNT, PodRunner, create_data_claim
 
@@ -209,7 +209,7 @@ def manifest_digest(reg: Registry, repository: str, tag: str) -> str:
 
 def test_an_environment_job_with_inputs_runs_its_built_image_on_staged_data(
     kube_api: KubeAPI,  # noqa: F811
-    registry: Registry,  # noqa: F811
+    registry: Registry,
     tmp_path: Path,
 ) -> None:
     mlflow = MlflowServer(tmp_path / "mlflow")
@@ -222,7 +222,7 @@ def test_an_environment_job_with_inputs_runs_its_built_image_on_staged_data(
 
 def _environment_job_with_inputs(
     kube_api: KubeAPI,  # noqa: F811
-    registry: Registry,  # noqa: F811
+    registry: Registry,
     tmp_path: Path,
     mlflow: MlflowServer,
 ) -> None:
