@@ -1,7 +1,8 @@
 """The job lifecycle under a real Airflow deployment of the embedded default's shape.
 
-One deployment for the module (tests/airflow_server.py): api-server, scheduler (LocalExecutor),
-DAG processor and triggerer, each its own process on a SQLite metadata database, as
+One deployment for the module (tests/standalone_kit.py's `deployed`, on
+tests/airflow_server.py): api-server, scheduler (LocalExecutor), DAG processor and triggerer,
+each its own process on a SQLite metadata database, as
 `airflow standalone` runs them; Berth's store is SQLite under a temp BERTH_HOME, jobs run on the
 local runtime with the declared 8-GPU inventory (config/local-cluster.yaml, config/teams.yaml),
 and their replicas run the real training code (dags/training/train_mlp.py). MLflow is left
@@ -24,34 +25,32 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from airflow_server import AirflowDeployment
-from store_workload import audit
+from standalone_kit import (
+    CEILINGS,
+    RUN_DEADLINE_S,
+    TEAMS,
+    TRAIN,
+    Platform,
+    assert_no_replica_running,
+    check_history,
+    deployed,
+    failure_report,
+    form_dag_folder,
+    jobs_of,
+    wait_for_run,
+)
 from waiting import wait_for
 
-from berth.runtime import LocalRuntime
 from berth.store import Event, JobStatus, Store
-from scheduling.config import load_cluster, load_teams
-from scheduling.resources import Resources
-
-REPO = Path(__file__).resolve().parent.parent
-TRAIN = str(REPO / "dags" / "training" / "train_mlp.py")
-CLUSTER = load_cluster(REPO / "config" / "local-cluster.yaml")
-TEAMS = load_teams(REPO / "config" / "teams.yaml")
-CEILINGS = {name: Resources(t.ceiling.gpu).as_units()["gpus"] for name, t in TEAMS.items()}
-# Generous: a shared 2-core machine may run these while other suites run too.
-RUN_DEADLINE_S = 600
 
 # (name, team, replicas, GPUs per replica, topology): 19 GPUs asked of 8, by three teams
 # (vision may hold 8, language 4, research 2), with gangs; the research pool (2 slots) binds.
@@ -140,28 +139,6 @@ KILLED_COMMAND = (
 )
 
 
-@dataclass
-class Platform:
-    airflow: AirflowDeployment
-    store: Store
-    berth_home: Path
-
-    @property
-    def runtime(self) -> LocalRuntime:
-        return LocalRuntime(self.berth_home / "runs")
-
-
-def form_dag_folder(root: Path) -> Path:
-    """`root/dags` with the trigger form's DAG (`berth_job`) and the demo's training code."""
-    dags = root / "dags"
-    dags.mkdir()
-    shutil.copy(REPO / "dags" / "berth_job.py", dags / "berth_job.py")
-    shutil.copytree(
-        REPO / "dags" / "training", dags / "training", ignore=shutil.ignore_patterns("__pyc*")
-    )
-    return dags
-
-
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     root = tmp_path_factory.mktemp("standalone")
@@ -177,44 +154,6 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         yield platform
 
 
-@contextmanager
-def deployed(
-    root: Path, dags: Path, extra_env: dict[str, str], dag_ids: Iterable[str]
-) -> Iterator[Platform]:
-    """The four components on `dags`, Berth's store under `root/berth`, until the block ends;
-    the DAGs parsed and the team pools made by the API server's plugin (no sync by hand)."""
-    berth_home = root / "berth"
-    airflow = AirflowDeployment(
-        root,
-        dags,
-        berth_home,
-        extra_env={
-            # Few task processes at once on a 2-core machine (each is a Python interpreter).
-            "AIRFLOW__CORE__PARALLELISM": "6",
-            # The DAG files do not change: parse them once, not every 30 s.
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
-            **extra_env,
-        },
-    )
-    store: Store | None = None
-    try:
-        airflow.start_all()
-        berth_home.mkdir(parents=True, exist_ok=True)
-        store = Store(f"sqlite:///{berth_home / 'berth.db'}", CLUSTER, TEAMS)
-        for dag_id in dag_ids:
-            wait_for(lambda d=dag_id: airflow.api.dag_known(d), f"DAG {dag_id} parsed", 300, 1.0)
-        pools = {f"berth-{t}" for t in TEAMS}
-        wait_for(
-            lambda: pools <= {p["name"] for p in airflow.api.pools()}, "the team pools", 120, 1.0
-        )
-        yield Platform(airflow, store, berth_home)
-    finally:
-        airflow.stop()
-        _stop_leftover_replicas(LocalRuntime(berth_home / "runs"), berth_home / "runs")
-        if store is not None:
-            store.close()
-
-
 @pytest.fixture
 def runs(platform: Platform) -> Iterator[list[tuple[str, str]]]:
     """The DAG runs a test triggers; one still going when the test ends (it failed) is
@@ -226,7 +165,7 @@ def runs(platform: Platform) -> Iterator[list[tuple[str, str]]]:
     for dag_id, run_id in started:
         if af.api.run_state(dag_id, run_id) not in ("success", "failed"):
             af.api.call("PATCH", f"/dags/{dag_id}/dagRuns/{run_id}", json={"state": "failed"})
-        for job in _jobs_of(store, run_id):
+        for job in jobs_of(store, run_id):
             if job.terminal:
                 continue
             launch = platform.runtime.reattach(job.id, job.attempt) if job.attempt else None
@@ -254,23 +193,23 @@ def test_twelve_jobs_of_three_teams_share_the_cluster(
         samples.append((pools, tis))
         _fail_on_pool_deadlock(store, tis, pools, stuck_since)
 
-    state = _wait_for_run(af, "t_teams", run_id, on_poll=sample)
+    state = wait_for_run(af, "t_teams", run_id, on_poll=sample)
     tis = af.api.task_instances("t_teams", run_id)
-    assert state == "success", _failure_report(af, tis)
+    assert state == "success", failure_report(af, tis)
     run_tis = {ti["task_id"]: ti for ti in tis if ti["task_id"].endswith(".run")}
     assert len(run_tis) == len(TEAM_JOBS)
     assert all((ti["state"], ti["try_number"]) == ("success", 1) for ti in run_tis.values()), (
         run_tis
     )
 
-    jobs = _jobs_of(store, run_id)
+    jobs = jobs_of(store, run_id)
     assert sorted(j.name for j in jobs) == sorted(name for name, *_ in TEAM_JOBS)
     assert {j.team for j in jobs} == set(TEAMS)
     assert all((j.state, j.attempt, j.exit_code) == ("succeeded", 1, 0) for j in jobs), [
         (j.name, j.state, j.attempt, j.message) for j in jobs
     ]
     events = store.events()
-    kinds = _check_history(store, events)
+    kinds = check_history(store, events)
     assert kinds["admit"] >= len(TEAM_JOBS)
     mine = {j.id for j in jobs}
     # They ran together (the cluster was shared, not lent to one job at a time), and more was
@@ -302,7 +241,7 @@ def test_twelve_jobs_of_three_teams_share_the_cluster(
     assert {ti["task_id"]: ti["pool_slots"] for ti in run_tis.values()} == {
         f"{name}.run": replicas * gpus for name, _, replicas, gpus, _ in TEAM_JOBS
     }
-    _assert_no_replica_running(platform)
+    assert_no_replica_running(platform)
 
 
 def test_a_run_that_names_no_team_is_refused_before_anything_is_queued(platform: Platform) -> None:
@@ -335,7 +274,7 @@ def test_a_killed_replica_fails_the_gang_and_the_retry_succeeds(
 
     def running() -> JobStatus | None:
         af.assert_alive()
-        jobs = _jobs_of(store, run_id)
+        jobs = jobs_of(store, run_id)
         return jobs[0] if jobs and jobs[0].state == "running" else None
 
     job = wait_for(running, "the job's first attempt running", RUN_DEADLINE_S, 1.0)
@@ -352,9 +291,9 @@ def test_a_killed_replica_fails_the_gang_and_the_retry_succeeds(
     victim = wait_for(lambda: wrapper.children(), "rank 1's training process", 60, 0.2)[0]
     os.kill(victim.pid, signal.SIGKILL)
 
-    state = _wait_for_run(af, "berth_job", run_id)
+    state = wait_for_run(af, "berth_job", run_id)
     tis = af.api.task_instances("berth_job", run_id)
-    assert state == "success", _failure_report(af, tis)
+    assert state == "success", failure_report(af, tis)
     [run_ti] = [ti for ti in tis if ti["task_id"] == "job.run"]
     assert (run_ti["state"], run_ti["try_number"]) == ("success", 2)  # Airflow retried once
     # Launched from the REST API, the team only in the run's conf: the cluster policy
@@ -364,7 +303,7 @@ def test_a_killed_replica_fails_the_gang_and_the_retry_succeeds(
     [wait_ti] = [ti for ti in tis if ti["task_id"] == "job.wait"]
     assert (wait_ti["state"], wait_ti["pool"]) == ("success", "default_pool")
 
-    [job] = _jobs_of(store, run_id)
+    [job] = jobs_of(store, run_id)
     assert (job.state, job.attempt, job.exit_code) == ("succeeded", 2, 0)
     events = store.events(job.id)
     types = [e.type for e in events]
@@ -378,8 +317,8 @@ def test_a_killed_replica_fails_the_gang_and_the_retry_succeeds(
     assert not victim.is_running()
     done = platform.berth_home / "artifacts" / job.id
     assert json.loads((done / "2" / "outputs" / "metrics.json").read_text())["world"] == 2
-    _check_history(store, store.events())
-    _assert_no_replica_running(platform)
+    check_history(store, store.events())
+    assert_no_replica_running(platform)
 
 
 def test_a_killed_triggerer_leaks_no_gpu_and_allocates_none_twice(
@@ -393,7 +332,7 @@ def test_a_killed_triggerer_leaks_no_gpu_and_allocates_none_twice(
         """Some jobs hold GPUs while others wait for admission in a deferred task (in the
         triggerer): the moment to kill it."""
         af.assert_alive()
-        jobs = _jobs_of(store, run_id)
+        jobs = jobs_of(store, run_id)
         deferred = {
             ti["task_id"]
             for ti in af.api.task_instances("t_admission", run_id)
@@ -408,16 +347,16 @@ def test_a_killed_triggerer_leaks_no_gpu_and_allocates_none_twice(
     af.kill("triggerer")
     af.start("triggerer")
 
-    state = _wait_for_run(af, "t_admission", run_id)
+    state = wait_for_run(af, "t_admission", run_id)
     tis = af.api.task_instances("t_admission", run_id)
-    assert state == "success", _failure_report(af, tis)
-    jobs = _jobs_of(store, run_id)
+    assert state == "success", failure_report(af, tis)
+    jobs = jobs_of(store, run_id)
     assert len(jobs) == len(ADMISSION_JOBS)
     assert all((j.state, j.exit_code) == ("succeeded", 0) for j in jobs), [
         (j.name, j.state, j.attempt, j.message) for j in jobs
     ]
     events = store.events()
-    _check_history(store, events)
+    check_history(store, events)
     mine = {j.id for j in jobs}
     # Admission went on after the kill (under the new triggerer, or in a run task's own first
     # cycle: this does not tell which).
@@ -428,36 +367,10 @@ def test_a_killed_triggerer_leaks_no_gpu_and_allocates_none_twice(
         t: (0.0, 0.0) for t in TEAMS
     }
     assert store.jobs(states=("queued", "admitted", "running", "preempting")) == []
-    _assert_no_replica_running(platform)
+    assert_no_replica_running(platform)
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def _wait_for_run(
-    af: AirflowDeployment,
-    dag_id: str,
-    run_id: str,
-    on_poll: Callable[[], None] | None = None,
-    timeout_s: float = RUN_DEADLINE_S,
-) -> str:
-    """The DAG run's final state; checks that every component still runs while waiting."""
-
-    def done() -> str | None:
-        af.assert_alive()
-        if on_poll is not None:
-            on_poll()
-        state = af.api.run_state(dag_id, run_id)
-        return state if state in ("success", "failed") else None
-
-    def report() -> str:
-        return _failure_report(af, af.api.task_instances(dag_id, run_id))
-
-    what = f"DAG run {dag_id}/{run_id} finished"
-    try:
-        return str(wait_for(done, what, timeout_s, every=1.0, detail=report))
-    except AssertionError as e:  # a component died, or the API refused a call
-        raise AssertionError(f"{e}\n{report()}") from None
 
 
 def _fail_on_pool_deadlock(
@@ -486,31 +399,6 @@ def _fail_on_pool_deadlock(
             f"a slot of {ti['pool']} ({pool['occupied_slots']}/{pool['slots']} occupied by "
             f"{others}), whose jobs wait in the store for the GPUs it holds"
         )
-
-
-def _failure_report(af: AirflowDeployment, tis: Iterable[dict[str, Any]]) -> str:
-    states = {ti["task_id"]: (ti["state"], ti["try_number"]) for ti in tis}
-    return f"task instances: {states}\n{af.log_tails()}"
-
-
-def _jobs_of(store: Store, run_id: str) -> list[JobStatus]:
-    return [j for j in store.jobs() if j.labels.get("run_id") == run_id]
-
-
-def _check_history(store: Store, events: list[Event]) -> Counter:
-    """The audit (no GPU given twice or used by two running jobs, quotas held, each attempt
-    admitted once), and whole gangs: every admission placed every replica with all its GPUs."""
-    kinds = audit(events, CEILINGS)
-    specs = {j.id: j.spec for j in store.jobs()}
-    for ev in events:
-        if ev.type != "admit":
-            continue
-        spec = specs[ev.job_id]
-        placed = ev.data["placement"]
-        assert len(placed) == spec.replicas, f"event {ev.id}: partial gang {ev.job_id}: {placed}"
-        for replica in placed:
-            assert len(replica["gpus"]) == spec.gpus_per_replica, f"event {ev.id}: {replica}"
-    return kinds
 
 
 def _peak_held(events: Iterable[Event], jobs: set[str]) -> int:
@@ -545,28 +433,3 @@ def _peak_gpus(events: Iterable[Event], jobs: set[str]) -> int:
 
 def _with_all_pids(launch: Any) -> Any:
     return launch if launch is not None and all(r.pid for r in launch.replicas) else None
-
-
-def _attempts(runs: Path) -> Iterator[tuple[str, int]]:
-    for manifest in sorted(runs.glob("*/attempt-*/manifest.json")):
-        yield manifest.parent.parent.name, int(manifest.parent.name.removeprefix("attempt-"))
-
-
-def _assert_no_replica_running(platform: Platform) -> None:
-    """Every gang the runtime launched has ended (replicas detach from Airflow's processes,
-    so a leak would outlive the tasks)."""
-    runtime = platform.runtime
-    alive = []
-    for job_id, attempt in _attempts(platform.berth_home / "runs"):
-        launch = runtime.reattach(job_id, attempt)
-        if launch is not None and runtime.poll(launch).state == "running":
-            alive.append((job_id, attempt))
-    assert alive == [], f"replicas still running: {alive}"
-
-
-def _stop_leftover_replicas(runtime: LocalRuntime, runs: Path) -> None:
-    """After a failed test: stop any gang still running, so no process outlives the module."""
-    for job_id, attempt in _attempts(runs):
-        launch = runtime.reattach(job_id, attempt)
-        if launch is not None and runtime.poll(launch).state == "running":
-            runtime.stop(launch, grace_s=5)

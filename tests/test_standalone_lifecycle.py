@@ -25,16 +25,16 @@ from typing import Any
 
 import pytest
 from airflow_server import AirflowDeployment
-from test_standalone import (
+from standalone_kit import (
     RUN_DEADLINE_S,
     Platform,
-    _assert_no_replica_running,
-    _check_history,
-    _failure_report,
-    _jobs_of,
-    _wait_for_run,
+    assert_no_replica_running,
+    check_history,
     deployed,
+    failure_report,
     form_dag_folder,
+    jobs_of,
+    wait_for_run,
 )
 from waiting import wait_for
 
@@ -71,7 +71,7 @@ def _conf(name: str, team: str, replicas: int, gpus: int, command: str) -> dict[
 
 def _running(platform: Platform, run_id: str) -> JobStatus | None:
     platform.airflow.assert_alive()
-    jobs = _jobs_of(platform.store, run_id)
+    jobs = jobs_of(platform.store, run_id)
     return jobs[0] if jobs and jobs[0].state == "running" else None
 
 
@@ -110,7 +110,7 @@ def test_a_reclaimed_borrower_goes_back_to_the_queue_without_a_retry_and_runs_ag
     # vision is at its ceiling (8 GPUs): this one waits, and its wait task's log says why.
     waiter_run = af.api.trigger("berth_job", _conf("waiter", "vision", 1, 1, "sleep 1"))
     wait_for(
-        lambda: any(j.reason_code for j in _jobs_of(store, waiter_run)),
+        lambda: any(j.reason_code for j in jobs_of(store, waiter_run)),
         "the waiter queued with a reason",
         RUN_DEADLINE_S,
         1.0,
@@ -118,16 +118,16 @@ def test_a_reclaimed_borrower_goes_back_to_the_queue_without_a_retry_and_runs_ag
     lender_run = af.api.trigger("berth_job", _conf("lender", "language", 1, 2, "sleep 1"))
     try:
         for run_id in (lender_run, borrower_run, waiter_run):
-            state = _wait_for_run(af, "berth_job", run_id)
+            state = wait_for_run(af, "berth_job", run_id)
             tis = af.api.task_instances("berth_job", run_id)
-            assert state == "success", _failure_report(af, tis)
+            assert state == "success", failure_report(af, tis)
             by_task = {ti["task_id"]: ti for ti in tis}
             run_ti = by_task["job.run"]
             assert (run_ti["state"], run_ti["try_number"]) == ("success", 1)  # no retry used
             assert by_task["job.wait"]["state"] == "success"
     finally:
         release.touch()
-    assert _wait_for_run(af, "berth_job", mine_run) == "success"
+    assert wait_for_run(af, "berth_job", mine_run) == "success"
 
     # Their run tasks sit in their team's pool, one slot per GPU (the cluster policy).
     for run_id, pool in ((borrower_run, ("berth-vision", 4)), (lender_run, ("berth-language", 2))):
@@ -135,10 +135,10 @@ def test_a_reclaimed_borrower_goes_back_to_the_queue_without_a_retry_and_runs_ag
             t for t in af.api.task_instances("berth_job", run_id) if t["task_id"] == "job.run"
         ]
         assert (run_ti["pool"], run_ti["pool_slots"]) == pool
-    [borrower] = _jobs_of(store, borrower_run)
-    [lender] = _jobs_of(store, lender_run)
-    [waiter] = _jobs_of(store, waiter_run)
-    [mine] = _jobs_of(store, mine_run)
+    [borrower] = jobs_of(store, borrower_run)
+    [lender] = jobs_of(store, lender_run)
+    [waiter] = jobs_of(store, waiter_run)
+    [mine] = jobs_of(store, mine_run)
     assert (borrower.state, borrower.attempt, borrower.preemptions) == ("succeeded", 2, 1)
     assert (lender.state, lender.attempt) == ("succeeded", 1)
     assert (waiter.state, waiter.attempt) == ("succeeded", 1)
@@ -154,7 +154,7 @@ def test_a_reclaimed_borrower_goes_back_to_the_queue_without_a_retry_and_runs_ag
     assert mine_events.index((lender.id, "start")) < second_admit, mine_events
     [victim] = [e for e in events if e.job_id == borrower.id and e.type == "preempt"]
     assert victim.data["by"] == lender.id, victim.data
-    _check_history(store, events)
+    check_history(store, events)
 
     # Each phase in its own log: the waiter's wait says why it waited and where it stood, then
     # where it started; the borrower's run says it was preempted and went back to the queue.
@@ -164,7 +164,7 @@ def test_a_reclaimed_borrower_goes_back_to_the_queue_without_a_retry_and_runs_ag
     assert f"job {waiter.id} attempt 1 started on" in waited, waited[-3000:]
     ran = _task_log(af, borrower_run, "job.run")
     assert "back in the queue without a retry" in ran, ran[-3000:]
-    _assert_no_replica_running(platform)
+    assert_no_replica_running(platform)
 
 
 def test_a_run_task_marked_failed_frees_its_gpus(platform: Platform) -> None:
@@ -192,8 +192,8 @@ def test_a_run_task_marked_failed_frees_its_gpus(platform: Platform) -> None:
     st = store.status(job.id)
     assert st.state == "cancelled", st
     assert store.usage()["research"].gpus == 0, store.usage()
-    _check_history(store, store.events())
-    _assert_no_replica_running(platform)
+    check_history(store, store.events())
+    assert_no_replica_running(platform)
 
 
 def _alive(platform: Platform, job: JobStatus) -> bool:
@@ -210,7 +210,7 @@ def test_a_bad_conf_is_refused_or_fails_validate_naming_every_problem(platform: 
     # What only Berth knows: 5 GPUs per replica (the nodes have 4) and a team's CPUs exceeded.
     conf = _conf("too-big", "research", 1, 5, "true") | {"cpus_per_replica": 64}
     run_id = af.api.trigger("berth_job", conf)
-    state = _wait_for_run(af, "berth_job", run_id)
+    state = wait_for_run(af, "berth_job", run_id)
     tis = {ti["task_id"]: ti for ti in af.api.task_instances("berth_job", run_id)}
     assert state == "failed"
     assert (tis["job.validate"]["state"], tis["job.validate"]["try_number"]) == ("failed", 1)

@@ -30,16 +30,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_standalone import (
+from standalone_kit import (
     RUN_DEADLINE_S,
     Platform,
-    _assert_no_replica_running,
-    _check_history,
-    _failure_report,
-    _jobs_of,
-    _wait_for_run,
+    assert_no_replica_running,
+    check_history,
     deployed,
+    failure_report,
     form_dag_folder,
+    jobs_of,
+    wait_for_run,
 )
 from test_standalone_lifecycle import LONG_THEN_SHORT, _conf, _running, _task_log
 from waiting import wait_for
@@ -123,7 +123,7 @@ def test_a_triggerer_killed_mid_launch_hands_its_job_to_the_other(
     launcher = af.instance_of(paused["pid"])
     assert launcher in TRIGGERERS, f"the launch ran in {launcher}, not in a triggerer: {paused}"
     [survivor] = [t for t in TRIGGERERS if t != launcher]
-    [gang] = _jobs_of(store, gang_run)
+    [gang] = jobs_of(store, gang_run)
     assert paused["job_id"] == gang.id
     assert (gang.state, gang.attempt) == ("admitted", 1)  # launching, not started
     attempt1 = platform.runtime.attempt_dir(gang.id, 1)
@@ -150,13 +150,13 @@ def test_a_triggerer_killed_mid_launch_hands_its_job_to_the_other(
     assert lost.data["message"] == "the launcher died mid-launch", lost.data
 
     for run_id in (gang_run, blocker_run):
-        state = _wait_for_run(af, "berth_job", run_id)
+        state = wait_for_run(af, "berth_job", run_id)
         tis = af.api.task_instances("berth_job", run_id)
-        assert state == "success", _failure_report(af, tis)
+        assert state == "success", failure_report(af, tis)
     by_task = {ti["task_id"]: ti for ti in af.api.task_instances("berth_job", gang_run)}
     for task in ("job.wait", "job.run"):  # no Airflow retry used
         assert (by_task[task]["state"], by_task[task]["try_number"]) == ("success", 1)
-    [gang] = _jobs_of(store, gang_run)
+    [gang] = jobs_of(store, gang_run)
     assert (gang.state, gang.attempt, gang.exit_code) == ("succeeded", 2, 0)
     events = store.events(gang.id)
     assert [(e.type, e.data.get("attempt")) for e in events if e.type != "submit"] == [
@@ -172,13 +172,13 @@ def test_a_triggerer_killed_mid_launch_hands_its_job_to_the_other(
     said = _task_log(af, gang_run, "job.wait")
     assert "its launcher died mid-launch" in said, said[-3000:]
 
-    _check_history(store, store.events())
+    check_history(store, store.events())
     usage = store.usage()
     assert {t: (u.gpus, u.stopping_gpus) for t, u in usage.items()} == {
         t: (0.0, 0.0) for t in usage
     }
     assert store.jobs(states=("queued", "admitted", "running", "preempting")) == []
-    _assert_no_replica_running(platform)
+    assert_no_replica_running(platform)
     af.assert_alive((survivor,))
 
 
@@ -202,13 +202,13 @@ def _waiting_in_a_trigger(platform: Platform, run_id: str, blocker_run: str) -> 
     deferred and its job queued in the store; else None. Fails at once, saying why, if the
     blocker is no longer running: the gang can then never wait, and the test proves nothing."""
     platform.airflow.assert_alive()
-    blocker = _jobs_of(platform.store, blocker_run)
+    blocker = jobs_of(platform.store, blocker_run)
     if not blocker or blocker[0].state != "running":
         pytest.fail(
             "the blocker stopped running before the gang waited in a trigger\n"
             + _where_the_runs_are(platform, run_id, blocker_run)
         )
-    jobs = _jobs_of(platform.store, run_id)
+    jobs = jobs_of(platform.store, run_id)
     ti = _wait_ti(platform.airflow, run_id)
     trigger = ti.get("trigger") or {}
     if ti["state"] != "deferred" or not jobs or jobs[0].state != "queued":
@@ -226,7 +226,7 @@ def _where_the_runs_are(platform: Platform, *run_ids: str) -> str:
         out.append(f"== run {run_id}")
         out += [f"  {t['task_id']}: {t['state']} try {t.get('try_number')} {t.get('trigger')}"
                 for t in tis]  # fmt: skip
-        for job in _jobs_of(platform.store, run_id):
+        for job in jobs_of(platform.store, run_id):
             out.append(f"  job {job.id}: {job.state}, attempt {job.attempt}, exit {job.exit_code}")
             out += [f"    {e.t:.3f} {e.type} {dict(e.data)}" for e in platform.store.events(job.id)]
         for ti in tis:
