@@ -7,9 +7,9 @@ no store: a first-fit loop in this process places each job's replicas on nodes w
 do), creates one bare pod per replica (no Service, no claims, no env), learns from one watch of
 the pods (JSON, never decoded into the client's models) when every pod of a job has succeeded,
 and deletes them. Creates and deletes run on `--workers` threads (a job's pods in turn) and
-overlap: nothing waits for a round. Per single-replica job that is two requests of the client's
-and two status writes of KWOK's; Berth adds the attempt's Service (created and deleted) and
-its store.
+overlap: nothing waits for a round. Per single-replica job that is two requests of the
+client's; KWOK adds two status writes and a second delete (the API server's counts), as it
+does for Berth's pods; Berth adds the attempt's Service (created and deleted) and its store.
 
 What it answers: how many jobs per second these cores can take through a real API server at
 all, and which process uses them (CPU seconds per process). Berth's rate from `kube_bench`

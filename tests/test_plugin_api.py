@@ -22,7 +22,6 @@ from plugin_api_kit import (  # noqa: F401 (fixtures)
     CLUSTER,
     FAST,
     REPO,
-    TEAMS,
     History,
     borrow,
     by_name,
