@@ -255,8 +255,10 @@ def test_the_maintenance_sweep_deletes_what_no_live_attempt_owns(
     kept = launch(live.id, store.status("live-1").attempt)
     ghost = launch("ghost-1", 1)  # the store never heard of it
     done = sweep(s, keep_s=0)
-    assert sorted(done["deleted"]) == sorted(
-        [f"{ns}/pod/{ghost.replicas[0].pod}", f"{ns}/service/{ghost.service}"]
-    )
-    left = kube_api.core.list_namespaced_service(ns).items
-    assert [svc.metadata.name for svc in left] == [kept.service]
+    # Single replicas: each pod is its attempt's record, no Service (decision 0028).
+    assert done["deleted"] == [f"{ns}/pod/{ghost.replicas[0].pod}"]
+    left = kube_api.core.list_namespaced_pod(ns).items  # the ghost's in its grace period
+    assert [p.metadata.name for p in left if not p.metadata.deletion_timestamp] == [
+        kept.replicas[0].pod
+    ]
+    assert kube_api.core.list_namespaced_service(ns).items == []

@@ -115,6 +115,15 @@ def test_the_shipped_rbac_lets_the_runtime_work_and_nothing_more(kube_api: KubeA
     assert f"{g.ns}/service/{orphan.service}" in cleaned
     assert f"{g.ns}/resourceclaim/{orphan.replicas[0].claim}" in cleaned
 
+    # A single replica is its own record (decision 0028): its pod is read, and annotated.
+    lone = g.launch(job_id="lone-1", placement=g.placement((1, (6,))))
+    assert lone.record == "pod" and g.runtime.reattach(lone.job_id, 1, team=g.team) == lone
+    g.kubelet.sync()
+    g.clock.now += 61  # past its start timeout only if it had not started: it runs
+    g.terminate(lone.replicas[0].pod, 2)
+    assert g.runtime.poll(lone).exit_code == 2  # the failure is written on the pod
+    g.runtime.stop(lone)  # the stop too
+
     # Staged data: the team's volume is read, a staging pod started, replicas mount it.
     data = Gang(kube, api=token_client, data_volume={"staging_image": "berth/airflow:test"})
     data.ns, data.team = g.ns, g.team

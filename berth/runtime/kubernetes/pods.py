@@ -33,6 +33,10 @@ Choices, each for a reason:
   `reattach` needs no local state. `stop` still deletes pods explicitly (a cluster without a
   garbage collector, or one slow to run, must not keep GPUs busy). The Service owns the
   attempt's ResourceClaims the same way.
+- **A single replica without a ResourceClaim is its own record** (`KubeLaunch.record`
+  "pod", decision 0028): no rank to find and nothing else to own, so no Service; the pod
+  carries the launch record and what pollers decide, and `MASTER_ADDR` is the loopback
+  address. Most jobs are such; this saves a Service's create and delete per attempt.
 - **Staged data** is the team's PersistentVolumeClaim, mounted read-only (`volumes.py`).
 - **Training needs** (`training.py`): a memory-backed `/dev/shm` sized by the job, the job's
   checkpoint folder, read-write, kept across its attempts (`BERTH_CHECKPOINT_DIR`), and the
@@ -83,6 +87,7 @@ JOB_ID, LAUNCH, FAILURE, STOPPED = (
     f"berth.io/{k}" for k in ("job-id", "launch", "failure", "stopped")
 )
 GPUS = "berth.io/gpus"
+LOOPBACK = "127.0.0.1"  # MASTER_ADDR of a single replica, as on the local runtime
 CONTAINER = "main"
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
@@ -124,6 +129,9 @@ class KubeLaunch(Launch):
     runtime: Literal["kubernetes"] = "kubernetes"
     namespace: str
     service: str  # the headless Service: owner of the pods, holder of this record
+    # Where the record lives: the Service, or ("pod") the only replica's pod (`pod_record`).
+    # Records written before this field existed are Services.
+    record: Literal["service", "pod"] = "service"
     team: str
     image: str
     start_timeout_s: float
@@ -177,6 +185,19 @@ def new_launch(
         start_timeout_s=settings.start_timeout_s, replicas=replicas, data_claim=data_claim,
         shm_mib=shm_mib, checkpoint_claim=checkpoint_claim, outputs_claim=outputs_claim,
     )  # fmt: skip
+
+
+def pod_record(launch: KubeLaunch) -> KubeLaunch:
+    """`launch` kept on its pod, not a Service, when it is one replica that holds no
+    ResourceClaim (see the module docstring); else `launch` as it is."""
+    if len(launch.replicas) != 1 or launch.replicas[0].claim is not None:
+        return launch
+    return launch.model_copy(update={"record": "pod", "master_addr": LOOPBACK})
+
+
+def record_name(launch: KubeLaunch) -> str:
+    """The name of the object that holds the attempt's record (its Service, or its pod)."""
+    return launch.replicas[0].pod if launch.record == "pod" else launch.service
 
 
 def kube_launch(launch: Launch) -> KubeLaunch:
@@ -339,7 +360,8 @@ def pod_manifest(
     owner_uid: str,
     secrets: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One replica's pod, bound to its node, owned by the attempt's Service.
+    """One replica's pod, bound to its node, owned by the attempt's Service (`owner_uid`);
+    with `launch.record` "pod", the attempt's record itself (no owner, no subdomain).
 
     `env` is the job's and the platform's; the replica's own variables win over it.
     `secrets`: variable -> 'Secret name/key' in the pod's namespace, filled in by the kubelet
@@ -354,7 +376,6 @@ def pod_manifest(
     spec: dict[str, Any] = {
         "nodeName": rep.node_name,
         "hostname": rep.pod,
-        "subdomain": launch.service,
         "restartPolicy": "Never",  # a gang restarts whole, as a new attempt
         "terminationGracePeriodSeconds": round(settings.grace_s),
         "tolerations": [t.to_k8s() for t in settings.tolerations],
@@ -375,6 +396,9 @@ def pod_manifest(
             }
         ],
     }
+    own_record = launch.record == "pod"
+    if not own_record:
+        spec["subdomain"] = launch.service  # rank 0's DNS name, through the Service
     if rep.model_selector is not None:
         key, value = rep.model_selector
         spec["nodeSelector"] = {key: value}
@@ -420,18 +444,17 @@ def pod_manifest(
     container["env"] = sorted(env_list, key=lambda e: e["name"])
     if volumes:
         spec["volumes"], container["volumeMounts"] = volumes, mounts
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": rep.pod,
-            "namespace": launch.namespace,
-            "labels": labels(launch, "replica") | {RANK: str(rep.rank)},
-            "annotations": {JOB_ID: launch.job_id, GPUS: ",".join(map(str, rep.gpus))},
-            "ownerReferences": [owner_reference(launch, owner_uid)],
-        },
-        "spec": spec,
+    metadata: dict[str, Any] = {
+        "name": rep.pod,
+        "namespace": launch.namespace,
+        "labels": labels(launch, "replica") | {RANK: str(rep.rank)},
+        "annotations": {JOB_ID: launch.job_id, GPUS: ",".join(map(str, rep.gpus))},
     }
+    if own_record:
+        metadata["annotations"][LAUNCH] = json.dumps(launch.to_dict())
+    else:
+        metadata["ownerReferences"] = [owner_reference(launch, owner_uid)]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 def engine_units(cpus: float, memory_gb: float) -> tuple[int, int]:

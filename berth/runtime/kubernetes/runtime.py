@@ -1,10 +1,11 @@
 """The Kubernetes runtime: an admitted gang as pods, exactly where the engine placed it.
 
 One attempt is a headless Service (rank 0's DNS name, the owner of the pods, and the launch
-record in an annotation) and one pod per replica bound to its node (see `pods.py`). Nothing
-is kept locally: any process finds an attempt again by its labels (`reattach`), and what a
-poller decides (the gang's failure, a stop) is written on the Service, so that every later
-poll, from any process, tells the same story.
+record in an annotation) and one pod per replica bound to its node (see `pods.py`); a single
+replica that holds no ResourceClaim is its own record, without a Service (decision 0028).
+Nothing is kept locally: any process finds an attempt again by its labels (`reattach`), and
+what a poller decides (the gang's failure, a stop) is written on the record, so that every
+later poll, from any process, tells the same story.
 
 All or nothing at run time, as Kueue's waitForPodsReady: `poll` tears the attempt down when
 not every replica is Running `start_timeout_s` after launch, and when any replica fails; the
@@ -160,6 +161,14 @@ class KubernetesRuntime:
         with unavailable_as("the GPUs' devices could not be read"):
             plan = self.claims.plan(launch)
         launch, service = plan.launch, launch.service
+        cpu, mem = manifests.engine_units(cpus, memory_gb)
+        variables = dict(env) | dict(extra_env or {})
+        if plan.conflict is None and (own := manifests.pod_record(launch)).record == "pod":
+            body = manifests.pod_manifest(
+                self.settings, own, own.replicas[0], list(command), variables, cpu, mem, "",
+                secrets,
+            )  # fmt: skip
+            return self._launch_pod(own, body)
         body = manifests.service_manifest(launch)
         if plan.conflict is not None:
             body["metadata"]["annotations"][FAILURE] = json.dumps(plan.conflict)
@@ -181,8 +190,6 @@ class KubernetesRuntime:
             raise LaunchError(f"the attempt's Service was refused: {api_problem(e)}") from None
         if plan.conflict is not None:
             return launch  # `poll` tells the failure; no pod may take a held GPU
-        cpu, mem = manifests.engine_units(cpus, memory_gb)
-        variables = dict(env) | dict(extra_env or {})
 
         def create(rep: KubeReplica) -> tuple[KubeReplica, str, Exception] | None:
             """The replica's claim (where DRA applies) and pod; what failed, or None."""
@@ -223,6 +230,32 @@ class KubernetesRuntime:
             if unavailable(e):  # not the job's fault: run it again, as a new attempt
                 raise RuntimeUnavailable(f"{told}, the API server being away: {why}") from None
             raise LaunchError(f"{told}, so the attempt was deleted: {why}") from None
+        return launch
+
+    def _launch_pod(self, launch: KubeLaunch, body: dict[str, Any]) -> KubeLaunch:
+        """Create the only pod of an attempt that is its own record (`launch`'s errors)."""
+        namespace, pod = launch.namespace, launch.replicas[0].pod
+        try:
+            without_body(self.core.create_namespaced_pod, namespace, body)
+        except Exception as e:
+            refused = isinstance(e, ApiException)
+            if refused and e.status == 409:
+                raise LaunchError(
+                    f"job {launch.job_id!r} attempt {launch.attempt} was launched before (pod "
+                    f"{namespace}/{pod}); reattach(job_id, attempt) to follow it, or launch a "
+                    "new attempt number"
+                ) from None
+            why = api_problem(e) if refused else f"{type(e).__name__}: {e}"
+            if not unavailable(e):
+                raise LaunchError(f"rank 0's pod was refused: {why}") from None
+            try:  # the API server may have made it before the answer was lost
+                self._delete_one("pod", namespace, pod)
+            except Exception as cleanup:
+                why += f"; deleting it failed too ({type(cleanup).__name__}), so delete pod "
+                why += f"{namespace}/{pod}"
+            raise RuntimeUnavailable(
+                f"rank 0's pod could not be created, the API server being away: {why}"
+            ) from None
         return launch
 
     def launch_spec(
@@ -270,8 +303,8 @@ class KubernetesRuntime:
 
     def poll(self, launch: Launch) -> KubeGangStatus:
         """The gang now. On its first failure (or a start timeout, or the time limit) the
-        failure is written on the Service and every replica still running is deleted with the
-        grace period before this returns.
+        failure is written on the attempt's record (its Service, or its only pod) and every
+        replica still running is deleted with the grace period before this returns.
 
         With a fresh watch, a gang whose objects there say it is running, or that every pod
         succeeded (a terminal phase), is answered from memory; every other answer (a failure,
@@ -290,12 +323,16 @@ class KubernetesRuntime:
 
     def _poll_api(self, launch: KubeLaunch) -> KubeGangStatus:
         """`poll` from the API server. Each step is one a later poll, from any process, takes
-        up again (the failure is on the Service before any pod is deleted), so an API server
-        that goes away midway leaves nothing half decided."""
-        owner, by_rank = self._service(launch), self._pods(launch)
+        up again (the failure is on the record before any pod is deleted), so an API server
+        that goes away midway leaves nothing half decided. An attempt that is its own pod
+        cannot tell a stop from a deletion once the pod is gone: that reads as `deleted`, a
+        requeue, and the store's state (a stop or preemption it asked for) stands over it."""
+        by_rank = self._pods(launch)
+        own_pod = launch.record == "pod"
+        owner = by_rank.get(0) if own_pod else self._service(launch)
         common = {"started_at": launch.launched_at, "time_limit_s": launch.time_limit_s}
         notes = (owner and owner.metadata.annotations) or {}
-        if owner is None or STOPPED in notes or FAILURE in notes:
+        if (owner is None and not own_pod) or STOPPED in notes or FAILURE in notes:
             if any(p.metadata.deletion_timestamp is None and _running(p) for p in by_rank.values()):
                 self._delete(launch, self.settings.grace_s, by_rank=by_rank, only_running=True)
                 by_rank = self._pods(launch)
@@ -336,29 +373,32 @@ class KubernetesRuntime:
 
     def stop(self, launch: Launch, grace_s: float | None = None) -> None:
         """Delete the attempt's pods with a grace period (SIGTERM, then SIGKILL after
-        `grace_s`, default the settings': time to checkpoint), then its Service. Idempotent;
-        RuntimeUnavailable when the API server is away (stop again later)."""
+        `grace_s`, default the settings': time to checkpoint), then its Service (if it has
+        one). Idempotent; RuntimeUnavailable when the API server is away (stop again later)."""
         launch = manifests.kube_launch(launch)
         self._seen.pop(watched.attempt_key(launch), None)
         grace = self.settings.grace_s if grace_s is None else grace_s
         ns = launch.namespace
         ended = watched.end_phases(self.watch, launch)
         grace = 0 if ended else grace  # no container left to signal: removed at once
+        own_pod = launch.record == "pod"
         with unavailable_as("the attempt could not be stopped for now"):
             if ended == {"Succeeded"}:
                 # The Service goes first, which tells a later poll "stopped" as the annotation
                 # would, for one request less (a failed gang's Service holds its failure
-                # record, which polls read until the end: not this way).
-                self._delete_one("service", ns, launch.service)
+                # record, which polls read until the end: not this way). An attempt that is
+                # its own pod has nothing left to tell: the pod goes.
+                if not own_pod:
+                    self._delete_one("service", ns, launch.service)
                 self._delete(launch, 0)
                 self.claims.delete(launch)
                 return
             body = {"metadata": {"annotations": {STOPPED: str(self.clock())}}}
             unless_gone(
-                self.core.patch_namespaced_service,
-                launch.service, ns, body, _content_type=MERGE_PATCH,
+                self.core.patch_namespaced_pod if own_pod else self.core.patch_namespaced_service,
+                manifests.record_name(launch), ns, body, _content_type=MERGE_PATCH,
             )  # fmt: skip
-            self._delete(launch, grace, service=True)
+            self._delete(launch, grace, service=not own_pod)
 
     def logs(self, launch: Launch, cursor: LogCursor | None = None) -> tuple[list[str], LogCursor]:
         """Complete new lines of every started rank's log since `cursor`, as `[rank i] line`;
@@ -367,8 +407,9 @@ class KubernetesRuntime:
         return gang_lines(self.core, launch, self._pods_seen(launch), cursor)
 
     def reattach(self, job_id: str, attempt: int, *, team: str | None = None) -> KubeLaunch | None:
-        """The handle of a launched attempt from its Service's record; None if none. Without
-        `team` the namespace is found from the attempt's pods (cluster-wide, by label)."""
+        """The handle of a launched attempt from its record (its Service's, or its only pod's);
+        None if none. Without `team` the namespace is found from the attempt's pods
+        (cluster-wide, by label)."""
         if team is not None:
             namespaces = [self.namespace(team)]
         else:
@@ -378,7 +419,9 @@ class KubernetesRuntime:
             namespaces = sorted({p.metadata.namespace for p in found.items})
         service = manifests.attempt_name(job_id, attempt)
         for namespace in namespaces:
-            owner = read_or_none(self.core.read_namespaced_service, service, namespace)
+            owner = read_or_none(
+                self.core.read_namespaced_service, service, namespace
+            ) or read_or_none(self.core.read_namespaced_pod, f"{service}-0", namespace)
             if owner is None:
                 continue
             notes = owner.metadata.annotations or {}
@@ -448,18 +491,21 @@ class KubernetesRuntime:
     def _record_failure(
         self, launch: KubeLaunch, owner: Any, record: dict[str, Any]
     ) -> dict[str, Any]:
-        """Write the failure on the Service unless another poller wrote one first (the
-        resourceVersion precondition); returns the one that stands."""
+        """Write the failure on the record unless another poller wrote one first (the
+        resourceVersion precondition); returns the one that stands. Nothing to write on when
+        the record is gone (an attempt whose only pod was deleted)."""
+        if owner is None:
+            return record
+        own_pod = launch.record == "pod"
         meta = {"resourceVersion": owner.metadata.resource_version}
         body = {"metadata": meta | {"annotations": {FAILURE: json.dumps(record)}}}
+        patch = self.core.patch_namespaced_pod if own_pod else self.core.patch_namespaced_service
         try:
-            self.core.patch_namespaced_service(
-                launch.service, launch.namespace, body, _content_type=MERGE_PATCH
-            )
+            patch(manifests.record_name(launch), launch.namespace, body, _content_type=MERGE_PATCH)
         except ApiException as e:
             if e.status not in (404, 409):
                 raise
-            again = self._service(launch)
+            again = self._pods(launch).get(0) if own_pod else self._service(launch)
             notes = (again and again.metadata.annotations) or {}
             if FAILURE in notes:
                 return json.loads(notes[FAILURE])

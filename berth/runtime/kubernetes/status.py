@@ -168,11 +168,17 @@ def pod_failure(
     if pod is None:
         if not node_alive:
             return Failure(rep.rank, rep.node_name, "node_lost", f"{where} lost its node")
+        # An attempt that is its own pod has no record left to say that Berth stopped it.
+        by = (
+            "by Berth's stop or by someone else"
+            if launch.record == "pod"
+            else ("by someone other than Berth")
+        )
         return Failure(
             rep.rank,
             rep.node_name,
             "deleted",
-            f"{where}: pod {launch.namespace}/{rep.pod} was deleted by someone other than Berth",
+            f"{where}: pod {launch.namespace}/{rep.pod} was deleted {by}",
         )
     status = pod.status
     phase, reason, note = status.phase, status.reason or "", status.message or ""

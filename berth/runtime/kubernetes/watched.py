@@ -1,12 +1,13 @@
 """What a poll may read from the process's watch (watch.py) instead of the API server.
 
-Two answers come from memory (decision 0020), when the watch is fresh and the Service is there
-without a failure or a stop, every replica's pod is there with the attempt's labels and every
-node is there: "still running" (no failure, deadline or start timeout), and "succeeded" when
-every pod has ended with exit code 0 (Succeeded is a terminal phase: a pod never leaves it, so
-a late watch cannot have it wrong, only late). Anything else (a failure, a missing object, a
-timeout) is None here, and the runtime reads it from the API server and acts on it, so a late
-watch delays those ends and never decides them.
+Two answers come from memory (decision 0020), when the watch is fresh and the attempt's
+record (its Service, or its only pod) is there without a failure or a stop, every replica's
+pod is there with the attempt's labels and every node is there: "still running" (no failure,
+deadline or start timeout), and "succeeded" when every pod has ended with exit code 0
+(Succeeded is a terminal phase: a pod never leaves it, so a late watch cannot have it wrong,
+only late). Anything else (a failure, a missing object, a timeout) is None here, and the
+runtime reads it from the API server and acts on it, so a late watch delays those ends and
+never decides them.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ def labelled(pod: Any) -> AttemptKey:
     return namespace or "", labels.get(JOB, ""), labels.get(ATTEMPT, "")
 
 
+def _annotations(obj: Any | None) -> dict[str, str]:
+    if isinstance(obj, Lazy):  # from its JSON: no model is made for this
+        return obj.meta.get("annotations") or {}
+    return (obj and obj.metadata.annotations) or {}
+
+
 def gang_from_watch(
     watch: ClusterWatch | None, launch: KubeLaunch, now: float
 ) -> tuple[KubeGangStatus | None, int]:
@@ -51,11 +58,14 @@ def gang_from_watch(
         return None, 0
     key = attempt_key(launch)
     seen = w.generation(key)  # read first: a change after it wakes `changed`
-    services = w.services(launch.namespace)
-    if not services.fresh():
-        return None, 0  # its namespace's watch is starting, or broke
-    owner = services.get(launch.namespace, launch.service)
-    notes = (owner and owner.metadata.annotations) or {}
+    if launch.record == "pod":  # its only pod holds the record
+        owner = w.pods.get(launch.namespace, launch.replicas[0].pod)
+    else:
+        services = w.services(launch.namespace)
+        if not services.fresh():
+            return None, 0  # its namespace's watch is starting, or broke
+        owner = services.get(launch.namespace, launch.service)
+    notes = _annotations(owner)
     if owner is None or STOPPED in notes or FAILURE in notes or notes.get(JOB_ID) != launch.job_id:
         return None, 0
     by_rank = {}
