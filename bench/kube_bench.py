@@ -3,8 +3,9 @@
 200 simulated 8-GPU nodes (Node objects on the project's kube-apiserver; tests/kubeapi.py
 starts it, scripts/build-kube.sh builds it once) and 1,000 jobs from 5 teams go through the
 SQL store's cycles and the runtime: every admitted gang becomes a Service and one pod per
-replica pinned to its node; a stand-in kubelet (tests/kubelet_standin.py) runs each pod and
-ends it with exit 0; the runtime's poll sees the gang succeed and the store frees its GPUs.
+replica pinned to its node (a single replica: its pod alone, decision 0028); a stand-in
+kubelet (tests/kubelet_standin.py) runs each pod and ends it with exit 0; the runtime's poll
+sees the gang succeed and the store frees its GPUs.
 The loop runs until every job has finished. Launches, polls and teardowns of one round run on
 `--workers` threads, as a triggerer runs many launch and completion triggers at once; with
 `--watch on` (the default, as in Airflow's processes) polls read the runtime's list-and-watch

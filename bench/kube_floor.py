@@ -18,7 +18,14 @@ reaches; a target above the floor cannot be met by any client here. `--compare N
 `kube_bench` (KWOK, watch on) and the floor alternately N times each on identical settings, and
 reports each pair's ratio.
 
+`--pods berth` sends Berth's own pod bodies instead of bare ones (the manifests its runtime
+makes for these jobs: labels, annotations with the launch record, the training variables,
+security settings, tolerations; every replica as a single replica's pod, without an owner),
+with everything else the same: how much of Berth's distance to the floor is what its pods
+carry rather than what its client does.
+
     .venv/bin/python -m bench.kube_floor --nodes 1000 --jobs 4000 --teams 10 --compare 3
+    .venv/bin/python -m bench.kube_floor ... --compare 3 --pods berth
 """
 
 from __future__ import annotations
@@ -41,9 +48,14 @@ from rich.table import Table
 from bench import kube_bench
 from bench.common import code_version, console_for_tables, machine, reference_ms, write_report
 from bench.kube_cluster import ROOT, Spent, simulated_cluster
+from berth.runtime.kubernetes import pods as manifests
+from scheduling.cluster import Cluster
+from scheduling.config import parse_cluster
+from scheduling.jobs import Placement, ReplicaPlacement
 
 GPUS_PER_NODE = 8
 LABEL = "app.kubernetes.io/managed-by"  # KWOK's stages end the pods that carry it (tests/kwok.py)
+IMAGE, COMMAND = "registry.example/berth/train:1.0", ("python", "train.py")
 
 
 class FirstFit:
@@ -103,13 +115,59 @@ def _pod(name: str, node: str, gpus: int) -> dict[str, Any]:
             "containers": [
                 {
                     "name": "main",
-                    "image": "registry.example/berth/train:1.0",
-                    "command": ["python", "train.py"],
+                    "image": IMAGE,
+                    "command": list(COMMAND),
                     "resources": {"requests": resources, "limits": resources},
                 }
             ],
         },
     }
+
+
+class BerthPods:
+    """Berth's runtime's pod bodies for the floor's jobs (see the module docstring), named as
+    the floor names its pods (f"{job}-{rank}") so that its watch reads them alike."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.settings = manifests.KubeSettings()
+        self.cluster: Cluster = parse_cluster(
+            {
+                "name": "floor",
+                "nodes": [
+                    {"name": n, "gpus": GPUS_PER_NODE, "gpu_groups": 1, "cpus": 96,
+                     "memory_gb": 1024}
+                    for n in nodes
+                ],
+            }
+        )  # fmt: skip
+        self.cpu, self.mem = manifests.engine_units(2, 8)  # kube_bench's jobs' requests
+
+    def bodies(self, ns: str, name: str, hosts: list[str], gpus: int) -> list[dict[str, Any]]:
+        team = ns.removeprefix("berth-")
+        placement = Placement(
+            tuple(
+                ReplicaPlacement(self.cluster.by_name[h].index, tuple(range(gpus))) for h in hosts
+            ),
+            "cluster",
+        )
+        launch = manifests.new_launch(
+            self.settings, name, 1, placement, self.cluster, namespace=ns, team=team,
+            image=IMAGE, launched_at=time.time(), time_limit_s=None,
+        )  # fmt: skip
+        launch = launch.model_copy(
+            update={
+                "record": "pod",
+                "replicas": tuple(
+                    r.model_copy(update={"pod": f"{name}-{r.rank}"}) for r in launch.replicas
+                ),
+            }
+        )
+        return [
+            manifests.pod_manifest(
+                self.settings, launch, rep, list(COMMAND), {}, self.cpu, self.mem, ""
+            )
+            for rep in launch.replicas
+        ]
 
 
 class EndedJobs:
@@ -175,9 +233,17 @@ class EndedJobs:
 
 
 def run(
-    nodes: int, jobs: int, teams: int, seed: int, log: Console, *, workers: int, run_s: float
+    nodes: int,
+    jobs: int,
+    teams: int,
+    seed: int,
+    log: Console,
+    *,
+    workers: int,
+    run_s: float,
+    pods: str = "bare",
 ) -> dict[str, Any]:
-    """One run; see the module docstring."""
+    """One run; see the module docstring. `pods`: "bare", or "berth" (Berth's pod bodies)."""
     rng = random.Random(seed)
     with (
         simulated_cluster(nodes, teams, kubelet="kwok", run_s=run_s, workers=workers) as sim,
@@ -198,7 +264,13 @@ def run(
         last_log = started = time.perf_counter()
         spent = Spent(sim.kube)
 
+        berth_pods = BerthPods(sim.nodes) if pods == "berth" else None
+
         def create(ns: str, name: str, hosts: list[str], gpus: int) -> None:
+            if berth_pods is not None:
+                for body in berth_pods.bodies(ns, name, hosts, gpus):
+                    core.create_namespaced_pod(ns, body)
+                return
             for rank, node in enumerate(hosts):
                 core.create_namespaced_pod(ns, _pod(f"{name}-{rank}", node, gpus))
 
@@ -256,6 +328,7 @@ def run(
         ended.stop()
     return {
         "kubelet": "kwok",
+        "pod_bodies": pods,
         "run_s": run_s,
         "workers": workers,
         "nodes": nodes,
@@ -309,6 +382,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--compare", type=int, default=0, metavar="N",
         help="run kube_bench (KWOK, watch on) and the floor alternately N times each",
     )  # fmt: skip
+    p.add_argument(
+        "--pods", choices=("bare", "berth"), default="bare",
+        help="the floor's pod bodies: bare, or the ones Berth's runtime makes",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "kube-floor.json")
     a = p.parse_args(argv)
     if a.workers < 1 or a.compare < 0:
@@ -324,8 +401,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 *args, watch=True, workers=a.workers, kubelet="kwok", run_s=a.run_s
             )
             runs.append({"what": "berth (kube_bench)", "result": berth})
-        floor = run(*args, workers=a.workers, run_s=a.run_s)
-        runs.append({"what": "floor", "result": floor})
+        floor = run(*args, workers=a.workers, run_s=a.run_s, pods=a.pods)
+        runs.append(
+            {"what": "floor" if a.pods == "bare" else "floor, Berth's pods", "result": floor}
+        )
         if a.compare:
             ratios.append(round(berth["jobs_admitted_per_s"] / floor["jobs_per_s"], 3))
     report = {

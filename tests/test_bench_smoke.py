@@ -159,6 +159,34 @@ def test_kube_floor_tiny_beside_kube_bench(tmp_path) -> None:
         assert run["cpu_s"]["kube-apiserver"] > 0 and run["cpu_s"]["kwok"] > 0
 
 
+def test_the_floor_with_berths_pod_bodies_runs_every_job(tmp_path) -> None:
+    """`--pods berth`: the floor sends the manifests Berth's runtime makes, and KWOK ends them
+    as it ends bare ones (the same label), so every job finishes."""
+    from bench import kube_floor
+
+    out = tmp_path / "floor.json"
+    argv = ["--nodes", "4", "--jobs", "12", "--teams", "2", "--run-s", "1", "--pods", "berth"]
+    report = kube_floor.main([*argv, "--out", str(out)])
+    [floor] = (r["result"] for r in report["runs"])
+    assert (floor["jobs"], floor["pod_bodies"]) == (12, "berth")
+    assert floor["requests"] == 2 * floor["pods"]
+
+
+def test_berths_pod_bodies_in_the_floor_are_the_runtimes_manifests() -> None:
+    floor = load("kube_floor")
+    from berth.runtime.kubernetes.pods import LAUNCH
+
+    bodies = floor.BerthPods(["n-a", "n-b"]).bodies("berth-t1", "j7", ["n-b", "n-a"], 8)
+    assert [b["metadata"]["name"] for b in bodies] == ["j7-0", "j7-1"]  # the floor's names
+    assert [b["spec"]["nodeName"] for b in bodies] == ["n-b", "n-a"]
+    for b in bodies:
+        meta = b["metadata"]
+        assert meta["labels"][floor.LABEL] == "berth" and LAUNCH in meta["annotations"]
+        assert "ownerReferences" not in meta and meta["namespace"] == "berth-t1"
+        env = {e["name"] for e in b["spec"]["containers"][0]["env"]}
+        assert {"RANK", "WORLD_SIZE", "MASTER_ADDR", "PET_NNODES"} <= env
+
+
 def test_floor_first_fit_packs_and_gives_back() -> None:
     fit = load("kube_floor").FirstFit(["a", "b", "c"])
     [used] = fit.place(1, 3)
