@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime as dt
+import json
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,7 +26,7 @@ from waiting import wait_for
 from berth.runtime import RuntimeUnavailable
 from berth.runtime.kubernetes import KubernetesRuntime
 from berth.runtime.kubernetes.pods import KubeLaunch
-from berth.runtime.kubernetes.watch import ClusterWatch, Informer
+from berth.runtime.kubernetes.watch import ClusterWatch, Decoder, Informer, Lazy
 
 
 @pytest.fixture
@@ -310,3 +313,37 @@ def test_an_api_server_that_cannot_answer_makes_a_poll_unknown_not_ended(
     with pytest.raises(ApiException):
         busy.poll(launch)
     assert g.runtime.poll(launch).state == "running"  # nothing was torn down meanwhile
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    ["2026-11-29T05:57:22Z", "2026-11-29T05:57:22.123456Z", "2026-11-29T07:57:22+02:00"],
+)
+def test_the_watchs_decoder_reads_timestamps_as_the_client_does(stamp: str) -> None:
+    """`Decoder` reads RFC 3339 with the standard library; the same instant as the client's
+    dateutil parser, and a whole pod decodes to an equal model."""
+    raw = {
+        "metadata": {"name": "p", "creationTimestamp": stamp},
+        "status": {
+            "phase": "Succeeded",
+            "startTime": stamp,
+            "containerStatuses": [
+                {
+                    "name": "main", "image": "i", "imageID": "", "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 0, "finishedAt": stamp}},
+                }
+            ],
+        },
+    }  # fmt: skip
+    ours = Lazy(raw, "V1Pod")
+    theirs = client.ApiClient().deserialize(SimpleNamespace(data=json.dumps(raw)), "V1Pod")
+    assert ours.metadata.creation_timestamp == theirs.metadata.creation_timestamp
+    assert type(ours.metadata.creation_timestamp.tzinfo) is dt.timezone  # read by ours
+    assert ours.status.container_statuses[0].state.terminated.finished_at.timestamp() == (
+        theirs.status.start_time.timestamp()
+    )
+    assert ours.to_dict() == theirs.to_dict()
+    # Not RFC 3339: the client's parser, as before.
+    odd = Decoder()._ApiClient__deserialize_datetime("29 Nov 2026 05:57:22 UTC")
+    assert odd == dt.datetime(2026, 11, 29, 5, 57, 22, tzinfo=dt.UTC)
