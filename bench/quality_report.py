@@ -5,10 +5,16 @@ this module only renders it. The figures, the metrics and their order (`report["
 the baseline and the big-job threshold (`report["config"]`) all come from that dict, so a saved
 quality.json renders the same as the run that wrote it. The runner imports this module, and
 `CANDIDATE` and `ORACLE` from it, so this module never imports the runner (no cycle).
+
+    .venv/bin/python -m bench.quality_report bench/results/quality.json [...]
+
+renders a saved report again (its .md and .png beside it), with what this module shows now.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -142,6 +148,31 @@ def _checkpoints(cfg: dict[str, Any]) -> str:
     return f"Every job checkpoints every {every:g} s: a preempted job resumes from its last one."
 
 
+PHILLY_ALL = "philly, every size"  # the Philly windows together: the issue's held-out windows
+
+
+def oracle_by_group(cases: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Per group of cases (a Philly cluster size, a family), and for the Philly windows of
+    every size together, each policy's geometric mean of avg JCT / the oracle's, and how many
+    cases: the header and rows of a table. A geo-mean over every case mixes workloads whose
+    distance to the oracle differs by an order of magnitude; this tells them apart."""
+    policies = list(dict.fromkeys(p for c in cases for p in c["jct_over_oracle"]))
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for c in cases:
+        groups.setdefault(c["group"], []).append(c)
+    philly = [c for c in cases if c["group"].startswith("philly")]
+    if philly:
+        groups[PHILLY_ALL] = philly
+    rows = []
+    for name, members in groups.items():
+        cells = []
+        for p in policies:
+            x = np.array([c["jct_over_oracle"][p] for c in members if p in c["jct_over_oracle"]])
+            cells.append(_fmt(float(np.exp(np.log(x).mean()))) if x.size else "-")
+        rows.append([name, str(len(members)), *cells])
+    return ["group", "cases", *policies], rows
+
+
 def markdown(report: dict[str, Any]) -> str:
     """quality.md: the held-out summary, the distance to the oracle, every case, the losses."""
     cfg, base = report["config"], report["config"]["baseline"]
@@ -202,6 +233,10 @@ def markdown(report: dict[str, Any]) -> str:
                 for p, s in report["held_out"]["jct_over_oracle"].items()
             ],
         ),
+        "",
+        "By group (geo-mean of avg JCT / oracle avg JCT, held-out):",
+        "",
+        *_md_table(*oracle_by_group(held)),
         "",
     ]
     case_header = [
@@ -285,3 +320,16 @@ def plot(report: dict[str, Any], path: Path) -> None:
     if unique:
         ax.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.savefig(path, dpi=120)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Render saved quality reports again (.md, .png).")
+    p.add_argument("reports", nargs="+", type=Path, help="quality JSON files (bench/results/)")
+    for path in p.parse_args(argv).reports:
+        report = json.loads(path.read_text())
+        path.with_suffix(".md").write_text(markdown(report))
+        plot(report, path.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
