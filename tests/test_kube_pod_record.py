@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from dra_standin import ensure_device_class, publish_gpus
 from kube_gang import Gang, ensure_priority_class
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from test_kube_watch import Counting
@@ -57,7 +58,7 @@ def test_a_single_replica_is_its_own_record_without_a_service(kube: KubeAPI) -> 
     )
 
 
-def test_a_gang_and_a_replica_with_a_claim_keep_their_service(kube: KubeAPI) -> None:
+def test_a_gang_keeps_its_service_and_old_records_read_as_services(kube: KubeAPI) -> None:
     g = Gang(kube)
     gang = g.launch()
     assert gang.record == "service" and g.services() == [gang.service]
@@ -65,6 +66,16 @@ def test_a_gang_and_a_replica_with_a_claim_keep_their_service(kube: KubeAPI) -> 
     # A record written before `record` existed is a Service's.
     old = {k: v for k, v in gang.to_dict().items() if k != "record"}
     assert KubeLaunch.from_dict(old).record == "service"
+
+
+def test_a_single_replica_with_a_resource_claim_keeps_its_service(kube: KubeAPI) -> None:
+    """The Service owns the claim (deleting it deletes the claim): not a pod's record."""
+    g = Gang(kube)
+    ensure_device_class(kube.admin)
+    publish_gpus(kube.admin, g.nodes[0])  # node 0's GPUs through DRA
+    launch = single(g)
+    assert launch.replicas[0].claim is not None and launch.record == "service"
+    assert g.services() == [launch.service]
 
 
 def test_a_failure_is_written_on_the_pod_and_every_process_reads_the_same(kube: KubeAPI) -> None:
