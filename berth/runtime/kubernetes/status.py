@@ -168,12 +168,9 @@ def pod_failure(
     if pod is None:
         if not node_alive:
             return Failure(rep.rank, rep.node_name, "node_lost", f"{where} lost its node")
-        # An attempt that is its own pod has no record left to say that Berth stopped it.
-        by = (
-            "by Berth's stop or by someone else"
-            if launch.record == "pod"
-            else ("by someone other than Berth")
-        )
+        by = "by someone other than Berth"
+        if launch.record == "pod":  # no record is left to say that Berth stopped it
+            by = "by Berth's stop or by someone else"
         return Failure(
             rep.rank,
             rep.node_name,
