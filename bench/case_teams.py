@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     cluster, teams, jobs = case.workload()
     nominal = {t.name: t.nominal.gpu / 1000 for t in teams.values()}
     out: dict[str, Any] = {"case": case.name, "jobs": len(jobs), "policies": {}}
-    for name in (p.strip() for p in a.policies.split(",") if p.strip()):
+    for name in (n.strip() for n in a.policies.split(",") if n.strip()):
         sim = simulate(cluster, teams, jobs, get_policy(name))
         out["policies"][name] = team_figures(sim.events, cluster.total.gpu / 1000)
     table = Table(title=f"{case.name}: {len(jobs):,} jobs, {cluster.total.gpu / 1000:g} GPUs")
