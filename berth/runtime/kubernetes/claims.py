@@ -32,12 +32,12 @@ from berth.runtime.kubernetes.pods import (
     labels,
     owner_reference,
 )
+from berth.runtime.kubernetes.reads import MERGE_PATCH
 from berth.runtime.kubernetes.status import Failure, failure_record
 
 log = logging.getLogger(__name__)
 
 PAGE = 500
-MERGE_PATCH = "application/merge-patch+json"
 
 
 class ClaimPlan(NamedTuple):

@@ -17,6 +17,7 @@ from berth.runtime.base import RuntimeUnavailable
 from berth.runtime.kubernetes.status import api_problem
 
 T = TypeVar("T")
+MERGE_PATCH = "application/merge-patch+json"  # a patch of only the fields it names
 # Answers that say "not now" rather than "no": a poll then knows nothing (RuntimeUnavailable).
 UNAVAILABLE = frozenset({429, 500, 502, 503, 504})
 

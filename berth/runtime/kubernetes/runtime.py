@@ -32,6 +32,7 @@ from kubernetes.client.exceptions import ApiException
 from berth.runtime.base import Launch, LaunchError, LogCursor, RuntimeUnavailable, check_launch
 from berth.runtime.kubernetes import orphans, watched
 from berth.runtime.kubernetes import pods as manifests
+from berth.runtime.kubernetes import record as rec
 from berth.runtime.kubernetes import status as fate
 from berth.runtime.kubernetes.claims import AttemptClaims
 from berth.runtime.kubernetes.parallel import side_by_side
@@ -48,7 +49,6 @@ from berth.runtime.kubernetes.pods import (
 from berth.runtime.kubernetes.reads import (
     UNAVAILABLE,
     created_uid,
-    read_or_none,
     unavailable,
     unavailable_as,
     unless_gone,
@@ -63,8 +63,6 @@ from berth.spec import JobSpec
 from berth.staging import StagedInputs
 from scheduling.cluster import Cluster
 from scheduling.jobs import Placement
-
-MERGE_PATCH = "application/merge-patch+json"
 
 
 class KubernetesRuntime:
@@ -329,7 +327,7 @@ class KubernetesRuntime:
         requeue, and the store's state (a stop or preemption it asked for) stands over it."""
         by_rank = self._pods(launch)
         own_pod = launch.record == "pod"
-        owner = by_rank.get(0) if own_pod else self._service(launch)
+        owner = rec.read(self.core, launch, by_rank)
         common = {"started_at": launch.launched_at, "time_limit_s": launch.time_limit_s}
         notes = (owner and owner.metadata.annotations) or {}
         if (owner is None and not own_pod) or STOPPED in notes or FAILURE in notes:
@@ -345,7 +343,9 @@ class KubernetesRuntime:
         alive = self._nodes_alive(launch, by_rank)
         failures = fate.gang_failures(launch, by_rank, alive, self.clock())
         if failures:
-            record = self._record_failure(launch, owner, failure_record(failures))
+            record = rec.write_failure(
+                self.core, launch, owner, failure_record(failures), lambda: self._pods(launch)
+            )
             self._delete(launch, self.settings.grace_s, by_rank=by_rank, only_running=True)
             by_rank = self._pods(launch)
             replicas = fate.gang_statuses(launch, by_rank, ending=True)
@@ -393,11 +393,7 @@ class KubernetesRuntime:
                 self._delete(launch, 0)
                 self.claims.delete(launch)
                 return
-            body = {"metadata": {"annotations": {STOPPED: str(self.clock())}}}
-            unless_gone(
-                self.core.patch_namespaced_pod if own_pod else self.core.patch_namespaced_service,
-                manifests.record_name(launch), ns, body, _content_type=MERGE_PATCH,
-            )  # fmt: skip
+            rec.annotate(self.core, launch, {STOPPED: str(self.clock())})
             self._delete(launch, grace, service=not own_pod)
 
     def logs(self, launch: Launch, cursor: LogCursor | None = None) -> tuple[list[str], LogCursor]:
@@ -419,9 +415,7 @@ class KubernetesRuntime:
             namespaces = sorted({p.metadata.namespace for p in found.items})
         service = manifests.attempt_name(job_id, attempt)
         for namespace in namespaces:
-            owner = read_or_none(
-                self.core.read_namespaced_service, service, namespace
-            ) or read_or_none(self.core.read_namespaced_pod, f"{service}-0", namespace)
+            owner = rec.find(self.core, service, namespace)
             if owner is None:
                 continue
             notes = owner.metadata.annotations or {}
@@ -458,9 +452,6 @@ class KubernetesRuntime:
 
     # ---- helpers ------------------------------------------------------------------------
 
-    def _service(self, launch: KubeLaunch) -> Any | None:
-        return read_or_none(self.core.read_namespaced_service, launch.service, launch.namespace)
-
     def _pods(self, launch: KubeLaunch) -> dict[int, Any]:
         """This attempt's pods by rank (those of a same-named attempt of another id excluded)."""
         found = self.core.list_namespaced_pod(
@@ -487,29 +478,6 @@ class KubernetesRuntime:
                         raise
                     alive[rep.node_name] = False
         return alive
-
-    def _record_failure(
-        self, launch: KubeLaunch, owner: Any, record: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Write the failure on the record unless another poller wrote one first (the
-        resourceVersion precondition); returns the one that stands. Nothing to write on when
-        the record is gone (an attempt whose only pod was deleted)."""
-        if owner is None:
-            return record
-        own_pod = launch.record == "pod"
-        meta = {"resourceVersion": owner.metadata.resource_version}
-        body = {"metadata": meta | {"annotations": {FAILURE: json.dumps(record)}}}
-        patch = self.core.patch_namespaced_pod if own_pod else self.core.patch_namespaced_service
-        try:
-            patch(manifests.record_name(launch), launch.namespace, body, _content_type=MERGE_PATCH)
-        except ApiException as e:
-            if e.status not in (404, 409):
-                raise
-            again = self._pods(launch).get(0) if own_pod else self._service(launch)
-            notes = (again and again.metadata.annotations) or {}
-            if FAILURE in notes:
-                return json.loads(notes[FAILURE])
-        return record
 
     def _delete(
         self,
