@@ -15,8 +15,44 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from berth.runtime.base import LaunchError, RuntimeUnavailable
 from berth.runtime.kubernetes.pods import FAILURE, KubeLaunch, record_name
-from berth.runtime.kubernetes.reads import MERGE_PATCH, read_or_none, unless_gone
+from berth.runtime.kubernetes.reads import (
+    MERGE_PATCH,
+    read_or_none,
+    unavailable,
+    unless_gone,
+    without_body,
+)
+from berth.runtime.kubernetes.status import api_problem
+
+
+def create_pod(core: client.CoreV1Api, launch: KubeLaunch, body: dict[str, Any]) -> None:
+    """Create the only pod of an attempt that is its own record. LaunchError when it was
+    launched before or the pod is refused; RuntimeUnavailable when the API server is away (the
+    pod, which it may have made before the answer was lost, is deleted first)."""
+    namespace, pod = launch.namespace, launch.replicas[0].pod
+    try:
+        without_body(core.create_namespaced_pod, namespace, body)
+    except Exception as e:
+        refused = isinstance(e, ApiException)
+        if refused and e.status == 409:
+            raise LaunchError(
+                f"job {launch.job_id!r} attempt {launch.attempt} was launched before (pod "
+                f"{namespace}/{pod}); reattach(job_id, attempt) to follow it, or launch a new "
+                "attempt number"
+            ) from None
+        why = api_problem(e) if refused else f"{type(e).__name__}: {e}"
+        if not unavailable(e):
+            raise LaunchError(f"rank 0's pod was refused: {why}") from None
+        try:
+            unless_gone(core.delete_namespaced_pod, pod, namespace, grace_period_seconds=0)
+        except Exception as cleanup:
+            why += f"; deleting it failed too ({type(cleanup).__name__}), so delete pod "
+            why += f"{namespace}/{pod}"
+        raise RuntimeUnavailable(
+            f"rank 0's pod could not be created, the API server being away: {why}"
+        ) from None
 
 
 def read(core: client.CoreV1Api, launch: KubeLaunch, by_rank: Mapping[int, Any]) -> Any | None:

@@ -166,7 +166,8 @@ class KubernetesRuntime:
                 self.settings, own, own.replicas[0], list(command), variables, cpu, mem, "",
                 secrets,
             )  # fmt: skip
-            return self._launch_pod(own, body)
+            rec.create_pod(self.core, own, body)
+            return own
         body = manifests.service_manifest(launch)
         if plan.conflict is not None:
             body["metadata"]["annotations"][FAILURE] = json.dumps(plan.conflict)
@@ -228,32 +229,6 @@ class KubernetesRuntime:
             if unavailable(e):  # not the job's fault: run it again, as a new attempt
                 raise RuntimeUnavailable(f"{told}, the API server being away: {why}") from None
             raise LaunchError(f"{told}, so the attempt was deleted: {why}") from None
-        return launch
-
-    def _launch_pod(self, launch: KubeLaunch, body: dict[str, Any]) -> KubeLaunch:
-        """Create the only pod of an attempt that is its own record (`launch`'s errors)."""
-        namespace, pod = launch.namespace, launch.replicas[0].pod
-        try:
-            without_body(self.core.create_namespaced_pod, namespace, body)
-        except Exception as e:
-            refused = isinstance(e, ApiException)
-            if refused and e.status == 409:
-                raise LaunchError(
-                    f"job {launch.job_id!r} attempt {launch.attempt} was launched before (pod "
-                    f"{namespace}/{pod}); reattach(job_id, attempt) to follow it, or launch a "
-                    "new attempt number"
-                ) from None
-            why = api_problem(e) if refused else f"{type(e).__name__}: {e}"
-            if not unavailable(e):
-                raise LaunchError(f"rank 0's pod was refused: {why}") from None
-            try:  # the API server may have made it before the answer was lost
-                self._delete_one("pod", namespace, pod)
-            except Exception as cleanup:
-                why += f"; deleting it failed too ({type(cleanup).__name__}), so delete pod "
-                why += f"{namespace}/{pod}"
-            raise RuntimeUnavailable(
-                f"rank 0's pod could not be created, the API server being away: {why}"
-            ) from None
         return launch
 
     def launch_spec(
