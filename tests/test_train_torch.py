@@ -1,27 +1,27 @@
 """The PyTorch data-parallel example (dags/training/train_torch.py) stopped as the platform stops
 a preemption victim, and resumed: nothing lost, and the same model as a run never stopped.
 
-Needs PyTorch, which the project does not install (a training job brings its own); it runs on the
-GPU machines a session is sometimes lent, and wherever torch is installed (on the CPU there:
-two ranks over gloo). Skipped elsewhere, like the inventory test that needs nvidia-smi.
+Needs PyTorch, which the project does not install (a training job brings its own): the example
+runs under an interpreter that has it (tests/torch_python.py: this one, or the system's with
+Debian's `python3-torch`, which `.ci/run` installs). On the CPU that is two ranks over gloo; on a
+machine with a GPU, two ranks sharing it (also gloo). Skipped without torch, failed in CI.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
-import pytest
 from builders import cluster
+from torch_python import torch_python
 from waiting import wait_for
 
 from berth.runtime import GangStatus, LocalLaunch, LocalRuntime
 from scheduling.jobs import Placement, ReplicaPlacement
 
-pytest.importorskip("torch")
+PYTHON = torch_python()  # skips the module (fails in CI) without one
 
 SCRIPT = Path(__file__).resolve().parent.parent / "dags" / "training" / "train_torch.py"
 # Small enough for two CPU ranks. Halves of GPU 0, so that the ranks agree on gloo wherever
@@ -36,7 +36,7 @@ def _run(rt: LocalRuntime, job: str, attempt: int, work: Path, stop_at: str | No
     """One attempt to its end, its log lines; stopped (SIGTERM, grace) once a line has
     `stop_at`."""
     launch: LocalLaunch = rt.launch(
-        job, attempt, [sys.executable, str(SCRIPT), *ARGS], GANG, cluster(nodes=1, gpus=2),
+        job, attempt, [PYTHON, str(SCRIPT), *ARGS], GANG, cluster(nodes=1, gpus=2),
         env={}, workdir=work,
     )  # fmt: skip
     lines, cursor = [], None

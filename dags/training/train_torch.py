@@ -139,7 +139,10 @@ def _resume(folder: Path, net: nn.Module, opt: torch.optim.Optimizer, device: to
     path = folder / CHECKPOINT
     if not path.exists():
         return 0
-    saved = torch.load(path, map_location=device, weights_only=True)
+    # torch 1.13's weights-only loader cannot read a float (the optimizer's learning rate);
+    # 2.0 and later can. The file is this job's own checkpoint, so there 1.13 reads it whole.
+    major, minor = (int(n) for n in torch.__version__.split(".")[:2])
+    saved = torch.load(path, map_location=device, weights_only=(major, minor) >= (2, 0))
     net.load_state_dict(saved["model"])
     opt.load_state_dict(saved["opt"])
     return int(saved["step"])
