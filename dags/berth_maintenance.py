@@ -14,7 +14,7 @@ from typing import Any
 from airflow.sdk import DAG, task
 
 from operators.context import settings
-from operators.store_access import store_pod_override
+from operators.store_access import with_store_access
 
 ON_KUBERNETES = settings().runtime_kind == "kubernetes"
 
@@ -28,7 +28,7 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
 
-    @task(retries=0, executor_config=store_pod_override())  # the store's URL, on Kubernetes
+    @task(**with_store_access({"retries": 0}))  # the store's URL on Kubernetes; Berth's queue
     def sweep() -> dict[str, Any]:
         from operators.maintenance import sweep as sweep_now
 

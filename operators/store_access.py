@@ -10,6 +10,14 @@ operators add it to their own pods through the executor's `pod_override`
 Decided when the DAG file is parsed, from the deployment's `BERTH_RUNTIME` (the Helm values
 give it to every Airflow container): the executor reads `executor_config` from the serialized
 DAG, before any task code runs.
+
+The triggers of Berth's tasks need the store too (admission, the gang's completion). With
+`BERTH_TRIGGER_QUEUE` set, Berth's tasks run on that Airflow queue; with Airflow's `[triggerer]
+queues_enabled` a deferred task's trigger goes to its task's queue, and only triggerers started
+with `--queues <that queue>` run it. The deployment gives the store to those triggerers alone
+(docker/helm/berth-triggerer.yaml), and the chart's triggerer, which runs every other DAG's
+triggers, gets none. The queue is Berth's whatever a DAG passes: on another one Berth's triggers
+would wait for a triggerer that cannot reach the store.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ STORE_URL = "BERTH_STORE_URL"
 # The Secret and key the deployment keeps the URL in (docker/README.md, step 2).
 STORE_SECRET, STORE_KEY = "berth-store", "url"
 BASE_CONTAINER = "base"  # the KubernetesExecutor's task container
+TRIGGER_QUEUE = "BERTH_TRIGGER_QUEUE"
 
 
 def store_pod_override() -> dict[str, Any]:
@@ -40,9 +49,19 @@ def store_pod_override() -> dict[str, Any]:
     return {"pod_override": k8s.V1Pod(spec=k8s.V1PodSpec(containers=[container]))}
 
 
+def trigger_queue() -> str | None:
+    """The Airflow queue of Berth's tasks (and so of their triggers), or None: Airflow's
+    default queue."""
+    return os.environ.get(TRIGGER_QUEUE) or None
+
+
 def with_store_access(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """An operator's keyword arguments with the store's access added (a DAG's own
-    `executor_config` kept, and the URL added to its pod_override's task container)."""
+    """An operator's keyword arguments with the store's access added: Berth's queue where the
+    deployment names one, and on Kubernetes the URL on its pod (a DAG's own `executor_config`
+    kept, and the URL added to its pod_override's task container)."""
+    queue = trigger_queue()
+    if queue is not None:
+        kwargs = {**kwargs, "queue": queue}
     extra = store_pod_override()
     if not extra:
         return kwargs

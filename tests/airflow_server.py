@@ -31,7 +31,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -185,14 +185,19 @@ class AirflowDeployment:
         assert done.returncode == 0, f"airflow db migrate failed:\n{done.stderr[-3000:]}"
 
     def start(
-        self, component: str, instance: str | None = None, env: Mapping[str, str] | None = None
+        self,
+        component: str,
+        instance: str | None = None,
+        env: Mapping[str, str] | None = None,
+        args: Sequence[str] = (),
     ) -> subprocess.Popen[bytes]:
         """Start one component in its own process group; its log goes to
         `logs/<name>-<n>.log` (n counts the starts of that name).
 
         :param instance: names one of several instances of the component running at once
             (`"b"`: the instance `triggerer#b`); without it, the component's unnamed one.
-        :param env: more variables for this instance alone (on top of the deployment's)."""
+        :param env: more variables for this instance alone (on top of the deployment's).
+        :param args: more arguments for its command (`["--queues", "berth"]`)."""
         if component not in COMPONENTS:
             raise ValueError(f"component: one of {', '.join(COMPONENTS)}, got {component!r}")
         if instance is not None and not INSTANCE.fullmatch(instance):
@@ -202,12 +207,12 @@ class AirflowDeployment:
         if running is not None and running.poll() is None:
             raise RuntimeError(f"{name} is already running (pid {running.pid})")
         n = self._generation[name] = self._generation.get(name, 0) + 1
-        args = [str(AIRFLOW), component]
+        argv = [str(AIRFLOW), component, *args]
         if component == "api-server":
-            args += ["--port", str(self.port)]
+            argv += ["--port", str(self.port)]
         with open(self.logs / f"{name}-{n}.log", "wb") as log:
             proc = subprocess.Popen(
-                args,
+                argv,
                 env=self.env | dict(env or {}),
                 cwd=self.root,
                 stdin=subprocess.DEVNULL,

@@ -36,12 +36,13 @@ from kubernetes import client, dynamic
 from berth.runtime.kubernetes.config import KubeConfig, load_kube_config
 from berth.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, TopologyLabels
 from berth.runtime.kubernetes.pods import KubeSettings, _security
-from operators.store_access import STORE_KEY, STORE_SECRET
+from operators.store_access import STORE_KEY, STORE_SECRET, TRIGGER_QUEUE
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
 RBAC = DOCKER / "rbac" / "berth-runtime.yaml"
 POD_TEMPLATE = DOCKER / "helm" / "pod-template.yaml"
+BERTH_TRIGGERER = DOCKER / "helm" / "berth-triggerer.yaml"
 VALUES = DOCKER / "helm" / "values.yaml"
 README = DOCKER / "README.md"
 DECISIONS = REPO / "docs" / "decisions"
@@ -91,6 +92,7 @@ def test_the_manifests_found_are_the_ones_shipped() -> None:
     assert (rbac, "ServiceAccount", "berth-runtime") in found
     assert (rbac, "PriorityClass", "berth-job") in found
     assert ("docker/helm/pod-template.yaml", "Pod", "placeholder-name") in found
+    assert ("docker/helm/berth-triggerer.yaml", "StatefulSet", "berth-triggerer") in found
     # The walkthrough's own objects (MLflow) are checked like the files; the team namespaces
     # are `berth kube manifests`'s (tests/test_kube_team_objects.py).
     assert {k for s, k, _ in found if s.startswith("docker/README.md")} >= {
@@ -306,15 +308,29 @@ def test_the_helm_values_set_what_the_chart_reads() -> None:
     # The chart writes `podTemplate` verbatim into its ConfigMap; it comes from --set-file.
     assert "podTemplate" in values
     sa = rbac_service_account()
-    for component in ("workers", "triggerer"):
-        assert values[component]["serviceAccount"] == {"create": False, "name": sa["name"]}
+    assert values["workers"]["serviceAccount"] == {"create": False, "name": sa["name"]}
+    # The chart's triggerer runs users' triggers: neither Berth's rights nor the store's URL,
+    # and only the default queue, whose triggers are not Berth's (docs/decisions/0027).
+    assert values["triggerer"].get("serviceAccount", {}).get("name") != sa["name"]
+    assert values["config"]["triggerer"]["queues_enabled"] == "True"
+    default_queue = values["config"].get("operators", {}).get("default_queue", "default")
+    assert values["triggerer"]["args"] == [
+        "bash", "-c", f"exec airflow triggerer --queues {default_queue}"
+    ]  # fmt: skip
 
     env = {e["name"]: e["value"] for e in values["env"]}
     assert env["BERTH_RUNTIME"] == "kubernetes"
-    secrets = {s["envName"]: (s["secretName"], s["secretKey"]) for s in values["secret"]}
-    # The Airflow components (the triggerer's triggers, the API server's plugin) read the store
-    # from the Secret that Berth's task pods add (operators/store_access.py).
-    assert secrets["BERTH_STORE_URL"] == (STORE_SECRET, STORE_KEY)
+    assert env[TRIGGER_QUEUE] not in ("", default_queue)
+    # No component gets the store's URL from the chart's `secret` (every container), and of
+    # the chart's components the API server alone (Berth's plugin) reads it, from the Secret
+    # Berth's task pods and triggerers get it from too.
+    assert "BERTH_STORE_URL" not in {s["envName"] for s in values.get("secret", ())}
+    assert "BERTH_STORE_URL" not in str(values.get("extraEnv") or "")
+    holders = {k for k, v in values.items() if isinstance(v, dict) and "BERTH_STORE_URL" in str(v)}
+    assert holders == {"apiServer"}, holders
+    [url] = [e for e in values["apiServer"]["env"] if e["name"] == "BERTH_STORE_URL"]
+    ref = url["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"]) == (STORE_SECRET, STORE_KEY)
     assert isinstance(values["postgresql"]["enabled"], bool)
 
     # The values and the pod template tell the same story.
@@ -338,6 +354,42 @@ def test_the_helm_values_set_what_the_chart_reads() -> None:
     )
 
 
+def test_berths_triggerers_run_its_queue_alone_with_the_store_and_the_values_settings() -> None:
+    values = yaml.safe_load(VALUES.read_text())
+    docs = {d["kind"]: d for d in yaml.safe_load_all(BERTH_TRIGGERER.read_text())}
+    sts, service = docs["StatefulSet"], docs["Service"]
+    assert sts["spec"]["serviceName"] == service["metadata"]["name"]  # resolvable host names
+    assert service["spec"]["clusterIP"] == "None"
+    assert sts["spec"]["replicas"] >= 2  # one may die: the other takes its triggers
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == rbac_service_account()["name"]
+    [container] = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    # The queue it runs is the one Berth's tasks are put on, by the same variable.
+    assert container["args"] == [
+        "bash", "-c", f'exec airflow triggerer --queues "${TRIGGER_QUEUE}"'
+    ]  # fmt: skip
+    ref = env["BERTH_STORE_URL"]["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"]) == (STORE_SECRET, STORE_KEY)
+    assert "valueFrom" in env["AIRFLOW__CORE__FERNET_KEY"]  # the triggers' kwargs are encrypted
+    # Everything the values give Airflow's containers, with the same values.
+    for item in values["env"]:
+        assert env[item["name"]].get("value") == item["value"], item["name"]
+    image = values["images"]["airflow"]
+    assert container["image"] == f"{image['repository']}:{image['tag']}"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for volume in values["volumes"]:
+        assert volumes[volume["name"]] == volume, volume["name"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    for mount in values["volumeMounts"]:
+        assert mounts[mount["name"]] == mount["mountPath"], mount["name"]
+    # The chart's Airflow configuration (queues_enabled among it), as the pod template mounts it.
+    template_volumes = {
+        v["name"]: v for v in yaml.safe_load(POD_TEMPLATE.read_text())["spec"]["volumes"]
+    }
+    assert volumes["config"] == template_volumes["config"]
+
+
 def test_the_readme_installs_with_the_values_and_the_pod_template() -> None:
     text = README.read_text()
     command = re.search(r"helm install airflow .*?(?<!\\)\n", text, flags=re.DOTALL)
@@ -347,6 +399,9 @@ def test_the_readme_installs_with_the_values_and_the_pod_template() -> None:
     assert "docker/helm/values.yaml" in words
     assert "podTemplate=docker/helm/pod-template.yaml" in words
     assert words[words.index("podTemplate=docker/helm/pod-template.yaml") - 1] == "--set-file"
+    # Berth's triggerers, right after the chart whose Secrets and ConfigMap they mount.
+    after = text[command.end() :].lstrip().splitlines()[0]
+    assert after == f"kubectl apply -f {BERTH_TRIGGERER.relative_to(REPO)}", after
     # The chart pinned, to the version the values name.
     pinned = re.search(r"^# Chart version: (\S+) \(pinned", VALUES.read_text(), flags=re.M)
     assert pinned, "docker/helm/values.yaml does not name its chart version"

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from airflow.configuration import conf
 from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 from airflow.sdk import DAG, task
 from airflow.serialization.serialized_objects import DagSerialization
@@ -17,7 +18,7 @@ from kubernetes.client import models as k8s
 
 from operators import gpu_job
 from operators.steps import ValidateSpecOperator
-from operators.store_access import STORE_KEY, STORE_SECRET, STORE_URL
+from operators.store_access import STORE_KEY, STORE_SECRET, STORE_URL, TRIGGER_QUEUE
 
 POD_TEMPLATE = Path(__file__).resolve().parent.parent / "docker" / "helm" / "pod-template.yaml"
 SPEC = {
@@ -101,3 +102,32 @@ def test_elsewhere_no_executor_config_is_added(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("BERTH_RUNTIME", "local")
     op = ValidateSpecOperator(task_id="validate", spec=SPEC)
     assert not op.executor_config
+
+
+def test_berths_tasks_run_on_its_trigger_queue_and_a_dags_own_keep_theirs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BERTH_RUNTIME", "kubernetes")
+    monkeypatch.setenv(TRIGGER_QUEUE, "berth")
+    with DAG("t_queue", schedule=None) as built:
+        gpu_job(SPEC)
+        # A queue passed to Berth's operator gives way: its trigger must reach the store.
+        ValidateSpecOperator(task_id="asked_elsewhere", spec=SPEC, queue="gpu-a")
+
+        @task(queue="etl")
+        def users_own() -> None:
+            pass
+
+        users_own()
+    dag = DagSerialization.from_dict(DagSerialization.to_dict(built))  # as the scheduler reads
+    queues = {t.task_id: t.queue for t in dag.tasks}
+    assert queues.pop("users_own") == "etl"
+    assert len(queues) >= 7 and set(queues.values()) == {"berth"}, queues
+
+
+def test_without_a_trigger_queue_berths_tasks_keep_airflows_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(TRIGGER_QUEUE, raising=False)
+    op = ValidateSpecOperator(task_id="validate", spec=SPEC)
+    assert op.queue == conf.get("operators", "default_queue")
