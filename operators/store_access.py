@@ -4,8 +4,10 @@ The store's URL holds the password of the scheduler's database. On the Kubernete
 task's pod is made from one pod template, so a URL there would reach every task of every DAG,
 and any DAG's code could write the scheduler's tables. The template carries no URL: Berth's
 operators add it to their own pods through the executor's `pod_override`
-(`executor_config`), from the same Secret the Airflow components read. Other executors ignore
-`executor_config`, so this changes nothing on the embedded default.
+(`executor_config`), from the same Secret the Airflow components read, and put those pods on
+Berth's ServiceAccount: the template's has no rights, so another DAG's task cannot launch pods
+in the team namespaces either. Other executors ignore `executor_config`, so this changes
+nothing on the embedded default.
 
 Decided when the DAG file is parsed, from the deployment's `BERTH_RUNTIME` (the Helm values
 give it to every Airflow container): the executor reads `executor_config` from the serialized
@@ -26,6 +28,9 @@ import os
 from typing import Any
 
 STORE_URL = "BERTH_STORE_URL"
+# The ServiceAccount of Berth's own task pods (docker/rbac/berth-runtime.yaml): the run task
+# launches gangs in the team namespaces. The pod template's, for every other task, has no rights.
+RUNTIME_ACCOUNT = "berth-runtime"
 # The Secret and key the deployment keeps the URL in (docker/README.md, step 2).
 STORE_SECRET, STORE_KEY = "berth-store", "url"
 BASE_CONTAINER = "base"  # the KubernetesExecutor's task container
@@ -34,7 +39,7 @@ TRIGGER_QUEUE = "BERTH_TRIGGER_QUEUE"
 
 def store_pod_override() -> dict[str, Any]:
     """`executor_config` for a task of Berth's: on Kubernetes, its pod gets the store's URL
-    from the Secret; elsewhere nothing."""
+    from the Secret and runs as Berth's ServiceAccount; elsewhere nothing."""
     if os.environ.get("BERTH_RUNTIME") != "kubernetes":
         return {}
     from kubernetes.client import models as k8s
@@ -46,7 +51,8 @@ def store_pod_override() -> dict[str, Any]:
         ),
     )
     container = k8s.V1Container(name=BASE_CONTAINER, env=[url])
-    return {"pod_override": k8s.V1Pod(spec=k8s.V1PodSpec(containers=[container]))}
+    spec = k8s.V1PodSpec(containers=[container], service_account_name=RUNTIME_ACCOUNT)
+    return {"pod_override": k8s.V1Pod(spec=spec)}
 
 
 def trigger_queue() -> str | None:
@@ -80,4 +86,5 @@ def with_store_access(kwargs: dict[str, Any]) -> dict[str, Any]:
         else:
             base.env = [e for e in (base.env or []) if e.name != STORE_URL] + ours.env
         mine.spec.containers = containers
+        mine.spec.service_account_name = RUNTIME_ACCOUNT  # Berth's task needs Berth's rights
     return {**kwargs, "executor_config": config}

@@ -260,9 +260,12 @@ def test_the_dry_run_refuses_a_misspelt_field(prepared: tuple[KubeAPI, dict[str,
 # --- the pod template --------------------------------------------------------------------------
 
 
-def rbac_service_account() -> dict[str, Any]:
+def rbac_service_account(name: str = "berth-runtime") -> dict[str, Any]:
+    """The metadata of the ServiceAccount `name` that docker/rbac/berth-runtime.yaml makes."""
     docs = yaml.safe_load_all(RBAC.read_text())
-    return next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]
+    return next(d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == name)[
+        "metadata"
+    ]
 
 
 def test_the_pod_template_is_what_the_executor_and_the_runtime_need() -> None:
@@ -278,9 +281,14 @@ def test_the_pod_template_is_what_the_executor_and_the_runtime_need() -> None:
     assert base["securityContext"].items() >= container_security.items()
     assert pod["spec"]["securityContext"]["runAsUser"] != 0
 
-    sa = rbac_service_account()
-    assert pod["spec"]["serviceAccountName"] == sa["name"]
-    assert pod["metadata"]["namespace"] == sa["namespace"]
+    # Every task's pod runs as the account with no rights and no token; Berth's own tasks name
+    # berth-runtime in their pod_override (tests/test_store_access.py).
+    task_sa = rbac_service_account("berth-task")
+    assert pod["spec"]["serviceAccountName"] == task_sa["name"]
+    assert pod["metadata"]["namespace"] == task_sa["namespace"]
+    assert "automountServiceAccountToken" not in pod["spec"]  # the account's `false` holds
+    task_doc = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["metadata"] == task_sa)
+    assert task_doc["automountServiceAccountToken"] is False
 
     env = {e["name"]: e for e in base["env"]}
     assert env["BERTH_RUNTIME"]["value"] == "kubernetes"
@@ -308,7 +316,8 @@ def test_the_helm_values_set_what_the_chart_reads() -> None:
     # The chart writes `podTemplate` verbatim into its ConfigMap; it comes from --set-file.
     assert "podTemplate" in values
     sa = rbac_service_account()
-    assert values["workers"]["serviceAccount"] == {"create": False, "name": sa["name"]}
+    task_sa = rbac_service_account("berth-task")
+    assert values["workers"]["serviceAccount"] == {"create": False, "name": task_sa["name"]}
     # The chart's triggerer runs users' triggers: neither Berth's rights nor the store's URL,
     # and only the default queue, whose triggers are not Berth's (docs/decisions/0027).
     assert values["triggerer"].get("serviceAccount", {}).get("name") != sa["name"]

@@ -160,3 +160,29 @@ def test_the_shipped_rbac_lets_the_runtime_work_and_nothing_more(kube_api: KubeA
     assert _refused(resource.create_namespaced_resource_claim, elsewhere, body)
     with pytest.raises(LaunchError, match="forbidden"):
         g.launch(team=elsewhere.removeprefix("berth-"))
+
+
+def test_the_task_account_of_every_other_dag_can_do_nothing(kube_api: KubeAPI) -> None:  # noqa: F811
+    """`berth-task`, which the pod template gives every task of every DAG (Berth's own tasks
+    name `berth-runtime` instead): refused whatever berth-runtime may do, in the team namespace
+    the RoleBinding covers and cluster-wide; and its pods get no token mounted."""
+    kube = kube_api
+    team_ns = kube.create_namespace("berth-team")
+    system = apply_rbac(kube, team_ns)
+    account = kube.core.read_namespaced_service_account("berth-task", system)
+    assert account.automount_service_account_token is False
+    task = kube.service_account_client(system, "berth-task")  # a token made by hand
+    core, resource = client.CoreV1Api(task), client.ResourceV1Api(task)
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    assert _refused(core.create_namespaced_pod, team_ns, pod)
+    assert _refused(core.list_namespaced_pod, team_ns)
+    assert _refused(core.list_pod_for_all_namespaces)
+    assert _refused(core.list_node)
+    assert _refused(core.create_namespaced_service, team_ns, {"metadata": {"name": "s"}})
+    assert _refused(core.read_namespaced_persistent_volume_claim, "berth-data", team_ns)
+    assert _refused(core.list_namespaced_secret, system)
+    assert _refused(resource.list_resource_slice)
+    # berth-runtime, bound the same way, may: the refusals are the account's, not the setup's.
+    runtime = client.CoreV1Api(kube.service_account_client(system, "berth-runtime"))
+    assert runtime.list_namespaced_pod(team_ns).items == []
+    assert runtime.list_node() is not None

@@ -18,7 +18,13 @@ from kubernetes.client import models as k8s
 
 from operators import gpu_job
 from operators.steps import ValidateSpecOperator
-from operators.store_access import STORE_KEY, STORE_SECRET, STORE_URL, TRIGGER_QUEUE
+from operators.store_access import (
+    RUNTIME_ACCOUNT,
+    STORE_KEY,
+    STORE_SECRET,
+    STORE_URL,
+    TRIGGER_QUEUE,
+)
 
 POD_TEMPLATE = Path(__file__).resolve().parent.parent / "docker" / "helm" / "pod-template.yaml"
 SPEC = {
@@ -70,9 +76,12 @@ def test_berths_tasks_get_the_store_from_the_secret_and_a_dags_own_task_does_not
         assert env["BERTH_RUNTIME"].value == "kubernetes", task_id  # the template's, kept
         if task_id == "users_own":
             assert STORE_URL not in env
+            # The template's account, which has no rights (docker/rbac/berth-runtime.yaml).
+            assert pod.spec.service_account_name == "berth-task"
             continue
         ref = env[STORE_URL].value_from.secret_key_ref
         assert (ref.name, ref.key) == (STORE_SECRET, STORE_KEY), task_id
+        assert pod.spec.service_account_name == RUNTIME_ACCOUNT, task_id  # Berth's rights
 
 
 def test_a_dags_own_pod_override_is_kept_beside_the_store(
@@ -85,10 +94,12 @@ def test_a_dags_own_pod_override_is_kept_beside_the_store(
             containers=[k8s.V1Container(name="base", env=[k8s.V1EnvVar(name="X", value="1")])]
         ),
     )
+    mine.spec.service_account_name = "someone-else"
     op = ValidateSpecOperator(task_id="validate", spec=SPEC, executor_config={"pod_override": mine})
     pod = op.executor_config["pod_override"]
     assert pod.metadata.labels == {"cost-center": "nlp"}
     assert set(_env(pod)) == {"X", STORE_URL}
+    assert pod.spec.service_account_name == RUNTIME_ACCOUNT  # Berth's task needs Berth's rights
 
 
 def test_an_override_of_metadata_only_gets_the_store_too(monkeypatch: pytest.MonkeyPatch) -> None:
