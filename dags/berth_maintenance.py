@@ -14,7 +14,7 @@ from typing import Any
 from airflow.sdk import DAG, task
 
 from operators.context import settings
-from operators.store_access import with_store_access
+from operators.store_access import store_pod_override
 
 ON_KUBERNETES = settings().runtime_kind == "kubernetes"
 
@@ -28,7 +28,8 @@ with DAG(
     doc_md=__doc__,
 ) as dag:
 
-    @task(**with_store_access({"retries": 0}))  # the store's URL on Kubernetes; Berth's queue
+    # The store's URL and Berth's account, on Kubernetes. It never defers: Airflow's default queue.
+    @task(retries=0, executor_config=store_pod_override())
     def sweep() -> dict[str, Any]:
         from operators.maintenance import sweep as sweep_now
 

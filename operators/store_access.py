@@ -61,6 +61,29 @@ def trigger_queue() -> str | None:
     return os.environ.get(TRIGGER_QUEUE) or None
 
 
+def is_berth_task(task: Any) -> bool:
+    """Whether `task` is one of Berth's operators (a step of `gpu_job`), the only tasks that
+    may run on Berth's queue."""
+    from operators.run import BerthRunOperator  # they import this module
+    from operators.steps import _SpecStep
+    from operators.waiting import WaitForAdmissionOperator
+
+    return isinstance(task, (_SpecStep, BerthRunOperator, WaitForAdmissionOperator))
+
+
+def queue_violation(task: Any) -> str | None:
+    """Why `task` may not run where it is (a task of a DAG's own on Berth's queue, whose
+    triggers Berth's triggerers run with the store's URL), or None."""
+    queue = trigger_queue()
+    if queue is None or getattr(task, "queue", None) != queue or is_berth_task(task):
+        return None
+    return (
+        f"task {task.task_id!r}: queue {queue!r} is Berth's own ({TRIGGER_QUEUE}): the triggers "
+        "of tasks on it run in Berth's triggerers, which hold Berth's store; give the task "
+        "another queue, or leave `queue` out"
+    )
+
+
 def with_store_access(kwargs: dict[str, Any]) -> dict[str, Any]:
     """An operator's keyword arguments with the store's access added: Berth's queue where the
     deployment names one, and on Kubernetes the URL on its pod (a DAG's own `executor_config`

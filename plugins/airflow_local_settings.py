@@ -1,5 +1,6 @@
-"""Airflow cluster policy: the run task of a job launched from the form or the REST API takes
-its team's pool, one slot per GPU.
+"""Airflow cluster policies: the run task of a job launched from the form or the REST API takes
+its team's pool, one slot per GPU (`task_instance_mutation_hook`); and no task of a DAG's own
+runs on Berth's queue (`task_policy`, at the end).
 
 It does not name the run (a note): Airflow's trigger endpoint sets a user's note after the
 run's task instances are made, through an association proxy that, finding a note already
@@ -35,7 +36,7 @@ from berth.pools import pool_for_conf
 log = logging.getLogger(__name__)
 RUN_OPERATOR = "BerthRunOperator"
 
-__all__ = ["task_instance_mutation_hook"]
+__all__ = ["task_instance_mutation_hook", "task_policy"]
 
 
 def task_instance_mutation_hook(task_instance: Any, dag_run: Any = None) -> None:
@@ -66,3 +67,18 @@ def _pool_exists(dag_run: Any, pool: str) -> bool:
         return False
     with session.no_autoflush:
         return session.scalar(select(Pool.id).where(Pool.pool == pool)) is not None
+
+
+def task_policy(task: Any) -> None:
+    """A DAG's own task may not run on Berth's queue (`BERTH_TRIGGER_QUEUE`): its triggers would
+    run in Berth's triggerers, beside the store's URL (docs/decisions/0027). The DAG fails to
+    import, saying which task and what to do. This stops a mistake; a DAG author set on it can
+    still change a task's queue at run time (the worker reports the queue of a deferral and
+    Airflow does not check it), which Airflow's security model leaves to DAG authors' trust."""
+    from operators.store_access import queue_violation
+
+    problem = queue_violation(task)
+    if problem is not None:
+        from airflow.exceptions import AirflowClusterPolicyViolation
+
+        raise AirflowClusterPolicyViolation(problem)

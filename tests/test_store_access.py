@@ -12,6 +12,7 @@ import pytest
 import yaml
 from airflow.configuration import conf
 from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, task
 from airflow.serialization.serialized_objects import DagSerialization
 from kubernetes.client import models as k8s
@@ -24,6 +25,7 @@ from operators.store_access import (
     STORE_SECRET,
     STORE_URL,
     TRIGGER_QUEUE,
+    queue_violation,
 )
 
 POD_TEMPLATE = Path(__file__).resolve().parent.parent / "docker" / "helm" / "pod-template.yaml"
@@ -142,3 +144,27 @@ def test_without_a_trigger_queue_berths_tasks_keep_airflows_default(
     monkeypatch.delenv(TRIGGER_QUEUE, raising=False)
     op = ValidateSpecOperator(task_id="validate", spec=SPEC)
     assert op.queue == conf.get("operators", "default_queue")
+
+
+def test_a_dags_own_task_on_berths_queue_is_refused_naming_the_task_and_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cluster policy's check (plugins/airflow_local_settings.py `task_policy`; the real DAG
+    processor applies it in tests/test_triggerer_queues.py)."""
+    from airflow.exceptions import AirflowClusterPolicyViolation
+
+    from plugins.airflow_local_settings import task_policy
+
+    monkeypatch.setenv(TRIGGER_QUEUE, "berth")
+    with DAG("t_policy", schedule=None) as dag:
+        gpu_job(SPEC)
+        own = EmptyOperator(task_id="sneaky", queue="berth")
+        elsewhere = EmptyOperator(task_id="fine", queue="etl")
+    with pytest.raises(AirflowClusterPolicyViolation) as err:
+        task_policy(own)
+    assert "'sneaky'" in str(err.value) and "another queue" in str(err.value)
+    assert queue_violation(elsewhere) is None
+    berths = [t for t in dag.tasks if t.task_id not in ("sneaky", "fine")]
+    assert len(berths) >= 7 and all(queue_violation(t) is None for t in berths), berths
+    monkeypatch.delenv(TRIGGER_QUEUE)
+    assert queue_violation(own) is None  # no queue of Berth's: nothing to guard

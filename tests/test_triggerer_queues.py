@@ -51,6 +51,17 @@ with DAG("plain_wait", schedule=None, is_paused_upon_creation=False):
 '''
 
 
+# A DAG of a user's that puts a task of its own on Berth's queue: the cluster policy
+# (plugins/airflow_local_settings.py) refuses it when the DAG processor parses it.
+MISROUTED_DAG = f'''
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG
+
+with DAG("misrouted", schedule=None):
+    EmptyOperator(task_id="on_berths_queue", queue="{QUEUE}")
+'''
+
+
 def _alive_triggerer_ids(platform: Platform) -> set[int]:
     got = platform.airflow.api.call(
         "GET", "/jobs", params={"job_type": "TriggererJob", "is_alive": "true"}
@@ -79,6 +90,7 @@ def fenced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Platform,
     root = tmp_path_factory.mktemp("queues")
     dags = form_dag_folder(root)
     (dags / "plain_wait.py").write_text(textwrap.dedent(PLAIN_DAG))
+    (dags / "misrouted.py").write_text(MISROUTED_DAG)
     extra_env = {"AIRFLOW__TRIGGERER__QUEUES_ENABLED": "True", "BERTH_TRIGGER_QUEUE": QUEUE}
     with deployed(root, dags, extra_env, ("berth_job", "plain_wait")) as platform:
         # `deployed` started one triggerer without --queues, which under queues_enabled runs
@@ -181,3 +193,18 @@ def _unassigned_trigger(platform: Platform, dag_id: str, run_id: str, task_id: s
     if ti["state"] != "deferred" or not trigger or trigger.get("triggerer_id") is not None:
         return None
     return trigger
+
+
+def test_a_dags_own_task_on_berths_queue_fails_its_import_naming_the_fix(
+    fenced: tuple[Platform, dict[str, int]],
+) -> None:
+    af = fenced[0].airflow
+    found = wait_for(
+        lambda: [e for e in af.api.import_errors() if e["filename"].endswith("misrouted.py")],
+        "the misrouted DAG's import error",
+        120,
+        1.0,
+    )
+    message = found[0]["stack_trace"]
+    assert "'on_berths_queue'" in message and f"queue {QUEUE!r} is Berth's own" in message
+    assert not af.api.dag_known("misrouted")
