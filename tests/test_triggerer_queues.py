@@ -9,9 +9,15 @@ only those. Berth's tasks run on `BERTH_TRIGGER_QUEUE` (operators/store_access.p
 Here the same shape runs for real on the embedded default's components
 (tests/standalone_kit.py's `deployed`, SQLite): triggerer `berth` (`--queues berth`, with the
 store) and triggerer `plain` (`--queues default`, whose store URL points at a port where no
-database listens, so that a Berth trigger run there would fail its job). A Berth job and a DAG
-of a user's with a deferrable task of its own run at once. Each one's trigger is seen on its
-queue and assigned to the right triggerer while deferred, and both runs succeed.
+database listens, so that a Berth trigger run there would fail its job).
+
+1. A Berth job and a DAG of a user's with a deferrable task of its own run at once: each one's
+   trigger is seen on its queue and held by the right triggerer while deferred, and both runs
+   succeed.
+2. With Berth's triggerer stopped, Berth's trigger stays unassigned while the plain triggerer
+   takes a user's trigger made after it; Berth's triggerer back, the job ends.
+3. A DAG whose own task names Berth's queue fails to import (the cluster policy,
+   plugins/airflow_local_settings.py), naming the task and the fix.
 """
 
 from __future__ import annotations
@@ -103,16 +109,17 @@ def fenced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Platform,
         yield platform, ids
 
 
-def _deferred_trigger(platform: Platform, dag_id: str, run_id: str, task_id: str) -> Any:
-    """The task's trigger once the task is deferred and a triggerer holds it; else None."""
+def _trigger(platform: Platform, dag_id: str, run_id: str, task_id: str, *, held: bool) -> Any:
+    """The task's trigger while the task is deferred and a triggerer holds it (`held`) or none
+    does (not `held`); else None."""
     platform.airflow.assert_alive()
     [ti] = [
         t for t in platform.airflow.api.task_instances(dag_id, run_id) if t["task_id"] == task_id
     ]
     trigger = ti.get("trigger") or {}
-    if ti["state"] != "deferred" or trigger.get("triggerer_id") is None:
+    if ti["state"] != "deferred" or not trigger:
         return None
-    return trigger
+    return trigger if (trigger.get("triggerer_id") is not None) == held else None
 
 
 def test_berths_triggers_run_on_its_triggerer_and_a_users_on_the_plain_one(
@@ -126,14 +133,14 @@ def test_berths_triggers_run_on_its_triggerer_and_a_users_on_the_plain_one(
     # The job's run task waits for its gang in a trigger (the completion poll) on Berth's queue,
     # held by Berth's triggerer; the user's task waits on the default queue, on the other one.
     berths = wait_for(
-        lambda: _deferred_trigger(platform, "berth_job", job_run, "job.run"),
+        lambda: _trigger(platform, "berth_job", job_run, "job.run", held=True),
         "the job's run task deferred to a trigger",
         300,
         0.5,
     )
     assert (berths["queue"], berths["triggerer_id"]) == (QUEUE, ids["berth"]), berths
     users = wait_for(
-        lambda: _deferred_trigger(platform, "plain_wait", plain_run, "pause"),
+        lambda: _trigger(platform, "plain_wait", plain_run, "pause", held=True),
         "the user's task deferred to a trigger",
         300,
         0.5,
@@ -160,7 +167,7 @@ def test_with_berths_triggerer_down_its_trigger_waits_and_the_plain_one_never_ta
         job_run = af.api.trigger("berth_job", _conf("waits", "vision", 1, 1, "sleep 5"))
         # Deferred, its trigger made, and no triggerer takes it.
         wait_for(
-            lambda: _unassigned_trigger(platform, "berth_job", job_run, "job.run"),
+            lambda: _trigger(platform, "berth_job", job_run, "job.run", held=False),
             "the job's run task deferred",
             300,
             0.5,
@@ -169,42 +176,15 @@ def test_with_berths_triggerer_down_its_trigger_waits_and_the_plain_one_never_ta
         # taken, while Berth's still has no triggerer.
         plain_run = af.api.trigger("plain_wait")
         users = wait_for(
-            lambda: _deferred_trigger(platform, "plain_wait", plain_run, "pause"),
+            lambda: _trigger(platform, "plain_wait", plain_run, "pause", held=True),
             "the user's task deferred to a trigger",
             300,
             0.5,
         )
         assert users["triggerer_id"] == ids["plain"]
-        assert _unassigned_trigger(platform, "berth_job", job_run, "job.run")
+        assert _trigger(platform, "berth_job", job_run, "job.run", held=False)
     finally:
         ids["berth"] = _start_triggerer(platform, "berth", QUEUE, {})
     # Berth's triggerer back: it takes the trigger and the job ends.
     assert wait_for_run(af, "berth_job", job_run) == "success"
     assert wait_for_run(af, "plain_wait", plain_run) == "success"
-
-
-def _unassigned_trigger(platform: Platform, dag_id: str, run_id: str, task_id: str) -> Any:
-    """The task's trigger while the task is deferred and no triggerer holds it; else None."""
-    platform.airflow.assert_alive()
-    [ti] = [
-        t for t in platform.airflow.api.task_instances(dag_id, run_id) if t["task_id"] == task_id
-    ]
-    trigger = ti.get("trigger") or {}
-    if ti["state"] != "deferred" or not trigger or trigger.get("triggerer_id") is not None:
-        return None
-    return trigger
-
-
-def test_a_dags_own_task_on_berths_queue_fails_its_import_naming_the_fix(
-    fenced: tuple[Platform, dict[str, int]],
-) -> None:
-    af = fenced[0].airflow
-    found = wait_for(
-        lambda: [e for e in af.api.import_errors() if e["filename"].endswith("misrouted.py")],
-        "the misrouted DAG's import error",
-        120,
-        1.0,
-    )
-    message = found[0]["stack_trace"]
-    assert "'on_berths_queue'" in message and f"queue {QUEUE!r} is Berth's own" in message
-    assert not af.api.dag_known("misrouted")
