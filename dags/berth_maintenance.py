@@ -27,7 +27,6 @@ with DAG(
     tags=["berth"],
     doc_md=__doc__,
 ) as dag:
-
     # The store's URL and Berth's account, on Kubernetes. It never defers: Airflow's default queue.
     @task(retries=0, executor_config=store_pod_override())
     def sweep() -> dict[str, Any]:

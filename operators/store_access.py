@@ -24,6 +24,7 @@ would wait for a triggerer that cannot reach the store.
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -95,7 +96,9 @@ def with_store_access(kwargs: dict[str, Any]) -> dict[str, Any]:
     if not extra:
         return kwargs
     config = dict(kwargs.get("executor_config") or {})
-    mine = config.get("pod_override")
+    # A copy: the DAG may pass the same override to tasks of its own, which must not get the
+    # URL or Berth's account through it.
+    mine = copy.deepcopy(config.get("pod_override"))
     if mine is None:
         config["pod_override"] = extra["pod_override"]
     else:  # the DAG's override, with the URL on its task container
@@ -110,4 +113,5 @@ def with_store_access(kwargs: dict[str, Any]) -> dict[str, Any]:
             base.env = [e for e in (base.env or []) if e.name != STORE_URL] + ours.env
         mine.spec.containers = containers
         mine.spec.service_account_name = RUNTIME_ACCOUNT  # Berth's task needs Berth's rights
+        config["pod_override"] = mine
     return {**kwargs, "executor_config": config}

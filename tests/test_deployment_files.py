@@ -11,7 +11,16 @@ import re
 from typing import Any
 
 import yaml
-from test_kube_manifests import BERTH_TRIGGERER, POD_TEMPLATE, RBAC, README, REPO, VALUES
+from test_kube_manifests import (
+    BERTH_TRIGGERER,
+    POD_TEMPLATE,
+    RBAC,
+    README,
+    REPO,
+    SCHEDULER_RBAC,
+    UNQUEUED_TRIGGERER,
+    VALUES,
+)
 
 from berth.runtime.kubernetes.config import KubeConfig, load_kube_config
 from berth.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, TopologyLabels
@@ -53,6 +62,7 @@ def test_the_pod_template_is_what_the_executor_and_the_runtime_need() -> None:
 
     env = {e["name"]: e for e in base["env"]}
     assert env["BERTH_RUNTIME"]["value"] == "kubernetes"
+    _check_airflow_env(env)  # the chart's Secrets, as its own template would give them
     # Not the store's URL: only Berth's tasks add it (operators/store_access.py, whose test,
     # test_store_access.py, renders the pods with the provider's own code).
     assert "BERTH_STORE_URL" not in env
@@ -83,6 +93,15 @@ def test_the_helm_values_set_what_the_chart_reads() -> None:
     # and only the default queue, whose triggers are not Berth's (docs/decisions/0027).
     assert values["triggerer"].get("serviceAccount", {}).get("name") != sa["name"]
     assert values["config"]["triggerer"]["queues_enabled"] == "True"
+    # The chart's pod-launching Role would go to the workers' and triggerer's accounts too:
+    # off, and the scheduler's account is the one docker/rbac/airflow-scheduler.yaml binds.
+    assert values["allowPodLaunching"] is False
+    binding = next(
+        d for d in yaml.safe_load_all(SCHEDULER_RBAC.read_text()) if d["kind"] == "RoleBinding"
+    )
+    [subject] = binding["subjects"]
+    assert values["scheduler"]["serviceAccount"] == {"create": True, "name": subject["name"]}
+    assert subject["namespace"] == rbac_service_account()["namespace"]
     default_queue = values["config"].get("operators", {}).get("default_queue", "default")
     assert values["triggerer"]["args"] == [
         "bash", "-c", f"exec airflow triggerer --queues {default_queue}"
@@ -141,7 +160,7 @@ def test_berths_triggerers_run_its_queue_alone_with_the_store_and_the_values_set
     ]  # fmt: skip
     ref = env["BERTH_STORE_URL"]["valueFrom"]["secretKeyRef"]
     assert (ref["name"], ref["key"]) == (STORE_SECRET, STORE_KEY)
-    assert "valueFrom" in env["AIRFLOW__CORE__FERNET_KEY"]  # the triggers' kwargs are encrypted
+    _check_airflow_env(env)
     # Everything the values give Airflow's containers, with the same values.
     for item in values["env"]:
         assert env[item["name"]].get("value") == item["value"], item["name"]
@@ -160,6 +179,43 @@ def test_berths_triggerers_run_its_queue_alone_with_the_store_and_the_values_set
     assert volumes["config"] == template_volumes["config"]
 
 
+def _check_airflow_env(env: dict[str, Any]) -> None:
+    """What a triggerer outside the chart needs of the chart's Secrets, as the chart names
+    them for the release `airflow`."""
+    secrets = {k: (v["valueFrom"]["secretKeyRef"]["name"], v["valueFrom"]["secretKeyRef"]["key"])
+               for k, v in env.items() if "valueFrom" in v}  # fmt: skip
+    assert secrets["AIRFLOW__CORE__FERNET_KEY"] == ("airflow-fernet-key", "fernet-key")
+    assert secrets["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == (
+        "airflow-airflow-metadata", "connection"
+    )  # fmt: skip
+    # The API server fetches a running trigger's log with it; a missing one fails that check.
+    assert secrets["AIRFLOW__API__SECRET_KEY"] == ("airflow-api-secret-key", "api-secret-key")
+
+
+def test_the_unqueued_triggerers_run_triggers_without_a_queue_and_hold_nothing_of_berths() -> None:
+    values = yaml.safe_load(VALUES.read_text())
+    docs = {d["kind"]: d for d in yaml.safe_load_all(UNQUEUED_TRIGGERER.read_text())}
+    sts, service = docs["StatefulSet"], docs["Service"]
+    assert sts["spec"]["serviceName"] == service["metadata"]["name"]
+    assert sts["spec"]["replicas"] >= 2
+    pod = sts["spec"]["template"]["spec"]
+    # Every DAG's code runs here: the account bound to nothing, no Berth setting, no URL.
+    assert pod["serviceAccountName"] == rbac_service_account("berth-task")["name"]
+    [container] = pod["containers"]
+    assert container["args"] == ["bash", "-c", "exec airflow triggerer"]  # no --queues
+    env = {e["name"]: e for e in container["env"]}
+    assert not [name for name in env if name.startswith(("BERTH_", "MLFLOW_"))], env
+    assert "berth-store" not in UNQUEUED_TRIGGERER.read_text()
+    _check_airflow_env(env)
+    image = values["images"]["airflow"]
+    assert container["image"] == f"{image['repository']}:{image['tag']}"
+    template_volumes = {
+        v["name"]: v for v in yaml.safe_load(POD_TEMPLATE.read_text())["spec"]["volumes"]
+    }
+    assert {v["name"]: v for v in pod["volumes"]}["config"] == template_volumes["config"]
+    assert {v["name"] for v in pod["volumes"]} == {"logs", "config"}  # not Berth's volumes
+
+
 def test_the_readme_installs_with_the_values_and_the_pod_template() -> None:
     text = README.read_text()
     command = re.search(r"helm install airflow .*?(?<!\\)\n", text, flags=re.DOTALL)
@@ -169,9 +225,13 @@ def test_the_readme_installs_with_the_values_and_the_pod_template() -> None:
     assert "docker/helm/values.yaml" in words
     assert "podTemplate=docker/helm/pod-template.yaml" in words
     assert words[words.index("podTemplate=docker/helm/pod-template.yaml") - 1] == "--set-file"
-    # Berth's triggerers, right after the chart whose Secrets and ConfigMap they mount.
+    # The triggerers, right after the chart whose Secrets and ConfigMap they mount.
     after = text[command.end() :].lstrip().splitlines()[0]
-    assert after == f"kubectl apply -f {BERTH_TRIGGERER.relative_to(REPO)}", after
+    files = [BERTH_TRIGGERER, UNQUEUED_TRIGGERER]
+    assert after == "kubectl apply " + " ".join(f"-f {f.relative_to(REPO)}" for f in files), after
+    # The scheduler's rights before the chart (step 1), with Berth's.
+    rbac = f"kubectl apply -f {RBAC.relative_to(REPO)} -f {SCHEDULER_RBAC.relative_to(REPO)}"
+    assert rbac in text[: command.start()]
     # The chart pinned, to the version the values name.
     pinned = re.search(r"^# Chart version: (\S+) \(pinned", VALUES.read_text(), flags=re.M)
     assert pinned, "docker/helm/values.yaml does not name its chart version"

@@ -34,6 +34,8 @@ DOCKER = REPO / "docker"
 RBAC = DOCKER / "rbac" / "berth-runtime.yaml"
 POD_TEMPLATE = DOCKER / "helm" / "pod-template.yaml"
 BERTH_TRIGGERER = DOCKER / "helm" / "berth-triggerer.yaml"
+UNQUEUED_TRIGGERER = DOCKER / "helm" / "unqueued-triggerer.yaml"
+SCHEDULER_RBAC = DOCKER / "rbac" / "airflow-scheduler.yaml"
 VALUES = DOCKER / "helm" / "values.yaml"
 README = DOCKER / "README.md"
 DECISIONS = REPO / "docs" / "decisions"
@@ -84,6 +86,9 @@ def test_the_manifests_found_are_the_ones_shipped() -> None:
     assert (rbac, "PriorityClass", "berth-job") in found
     assert ("docker/helm/pod-template.yaml", "Pod", "placeholder-name") in found
     assert ("docker/helm/berth-triggerer.yaml", "StatefulSet", "berth-triggerer") in found
+    unqueued = ("docker/helm/unqueued-triggerer.yaml", "StatefulSet", "airflow-triggerer-unqueued")
+    assert unqueued in found
+    assert ("docker/rbac/airflow-scheduler.yaml", "RoleBinding", "airflow-executor") in found
     # The walkthrough's own objects (MLflow) are checked like the files; the team namespaces
     # are `berth kube manifests`'s (tests/test_kube_team_objects.py).
     assert {k for s, k, _ in found if s.startswith("docker/README.md")} >= {

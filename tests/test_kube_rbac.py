@@ -23,6 +23,8 @@ from berth.runtime.base import LaunchError
 from berth.runtime.kubernetes import LogsUnavailable
 from berth.runtime.kubernetes.watch import ClusterWatch
 
+SCHEDULER_RBAC = RBAC_YAML.parent / "airflow-scheduler.yaml"
+
 
 def apply_rbac(kube: KubeAPI, team_namespace: str) -> str:
     """Apply the shipped YAML with names made unique to this test (the server is shared): the
@@ -165,7 +167,8 @@ def test_the_shipped_rbac_lets_the_runtime_work_and_nothing_more(kube_api: KubeA
 def test_the_task_account_of_every_other_dag_can_do_nothing(kube_api: KubeAPI) -> None:  # noqa: F811
     """`berth-task`, which the pod template gives every task of every DAG (Berth's own tasks
     name `berth-runtime` instead): refused whatever berth-runtime may do, in the team namespace
-    the RoleBinding covers and cluster-wide; and its pods get no token mounted."""
+    the RoleBinding covers and cluster-wide, and its pods get no token mounted. Only Airflow's
+    scheduler (docker/rbac/airflow-scheduler.yaml) may start pods in the system namespace."""
     kube = kube_api
     team_ns = kube.create_namespace("berth-team")
     system = apply_rbac(kube, team_ns)
@@ -186,3 +189,30 @@ def test_the_task_account_of_every_other_dag_can_do_nothing(kube_api: KubeAPI) -
     runtime = client.CoreV1Api(kube.service_account_client(system, "berth-runtime"))
     assert runtime.list_namespaced_pod(team_ns).items == []
     assert runtime.list_node() is not None
+
+    # Airflow's scheduler, with docker/rbac/airflow-scheduler.yaml (the values turn the chart's
+    # own pod-launching Role off), starts the tasks' pods in the system namespace; a task's
+    # account cannot start one there (which could mount the store's Secret).
+    rbac = client.RbacAuthorizationV1Api(kube.admin)
+    for doc in yaml.safe_load_all(SCHEDULER_RBAC.read_text()):
+        doc["metadata"]["namespace"] = system
+        for subject in doc.get("subjects", ()):
+            subject["namespace"] = system
+        if doc["kind"] == "Role":
+            rbac.create_namespaced_role(system, doc)
+        else:
+            rbac.create_namespaced_role_binding(system, doc)
+    kube.create_service_account(system, "airflow-scheduler")
+    scheduler = client.CoreV1Api(kube.service_account_client(system, "airflow-scheduler"))
+    task_pod = {
+        "metadata": {"name": "task"},
+        "spec": {
+            "serviceAccountName": "berth-task",
+            "containers": [{"name": "base", "image": "x"}],
+        },
+    }
+    assert scheduler.create_namespaced_pod(system, task_pod, dry_run="All").metadata.name == "task"
+    assert scheduler.list_namespaced_pod(system).items == []
+    assert _refused(scheduler.create_namespaced_pod, team_ns, pod)  # only its own namespace
+    assert _refused(scheduler.list_namespaced_secret, system)
+    assert _refused(core.create_namespaced_pod, system, task_pod)

@@ -168,3 +168,27 @@ def test_a_dags_own_task_on_berths_queue_is_refused_naming_the_task_and_the_fix(
     assert len(berths) >= 7 and all(queue_violation(t) is None for t in berths), berths
     monkeypatch.delenv(TRIGGER_QUEUE)
     assert queue_violation(own) is None  # no queue of Berth's: nothing to guard
+
+
+def test_an_override_a_dag_shares_with_its_own_tasks_gives_them_nothing_of_berths(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BERTH_RUNTIME", "kubernetes")
+    shared = k8s.V1Pod(
+        spec=k8s.V1PodSpec(
+            containers=[k8s.V1Container(name="base", env=[k8s.V1EnvVar(name="X", value="1")])]
+        )
+    )
+    config = {"pod_override": shared}
+    berths = ValidateSpecOperator(task_id="validate", spec=SPEC, executor_config=config)
+    with DAG("t_shared", schedule=None):
+
+        @task(executor_config=config)
+        def users_own() -> None:
+            pass
+
+        own = users_own().operator
+    assert set(_env(berths.executor_config["pod_override"])) == {"X", STORE_URL}
+    for pod in (shared, own.executor_config["pod_override"]):
+        assert set(_env(pod)) == {"X"}
+        assert pod.spec.service_account_name is None

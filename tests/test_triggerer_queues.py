@@ -1,15 +1,17 @@
 """Berth's triggers run only on Berth's triggerers, fenced from every other DAG's by queue.
 
-The Kubernetes deployment (docker/helm/values.yaml, docker/helm/berth-triggerer.yaml) gives the
-store's URL to Berth's own triggerers and not to the chart's, which run every other DAG's
-triggers (docs/decisions/0027). Airflow does the routing: with `[triggerer] queues_enabled` a
-deferred task's trigger carries its task's queue, and a triggerer started with `--queues` runs
-only those. Berth's tasks run on `BERTH_TRIGGER_QUEUE` (operators/store_access.py).
+The Kubernetes deployment (docker/helm/values.yaml, docker/helm/berth-triggerer.yaml,
+docker/helm/unqueued-triggerer.yaml) gives the store's URL to Berth's own triggerers and not to
+the others, which run every other DAG's triggers (docs/decisions/0027). Airflow does the
+routing: with `[triggerer] queues_enabled` a deferred task's trigger carries its task's queue,
+and a triggerer started with `--queues` runs only those. Berth's tasks run on
+`BERTH_TRIGGER_QUEUE` (operators/store_access.py).
 
 Here the same shape runs for real on the embedded default's components
-(tests/standalone_kit.py's `deployed`, SQLite): triggerer `berth` (`--queues berth`, with the
-store) and triggerer `plain` (`--queues default`, whose store URL points at a port where no
-database listens, so that a Berth trigger run there would fail its job).
+(tests/standalone_kit.py's `deployed`, SQLite), with the deployment's three triggerers:
+`berth` (`--queues berth`, with the store), `plain` (`--queues default`) and `unqueued` (no
+`--queues`); the last two get a store URL that points at a port where no database listens, so
+that a Berth trigger run there would fail its job.
 
 1. A Berth job and a DAG of a user's with a deferrable task of its own run at once: each one's
    trigger is seen on its queue and held by the right triggerer while deferred, and both runs
@@ -18,6 +20,7 @@ database listens, so that a Berth trigger run there would fail its job).
    takes a user's trigger made after it; Berth's triggerer back, the job ends.
 3. A DAG whose own task names Berth's queue fails to import (the cluster policy,
    plugins/airflow_local_settings.py), naming the task and the fix.
+4. A task that starts in the triggerer (its trigger has no queue) runs, on the unqueued one.
 """
 
 from __future__ import annotations
@@ -56,6 +59,23 @@ with DAG("plain_wait", schedule=None, is_paused_upon_creation=False):
     Pause(task_id="pause")
 '''
 
+# A task that starts in the triggerer: the scheduler makes its trigger with no queue, which
+# only a triggerer started without --queues runs (docker/helm/unqueued-triggerer.yaml).
+FROM_TRIGGER_DAG = """
+from datetime import datetime, timezone
+
+from airflow.providers.standard.sensors.date_time import DateTimeSensorAsync
+from airflow.sdk import DAG
+
+with DAG("from_trigger", schedule=None, is_paused_upon_creation=False):
+    DateTimeSensorAsync(
+        task_id="past",
+        target_time=datetime(2020, 1, 1, tzinfo=timezone.utc),
+        start_from_trigger=True,
+        end_from_trigger=True,
+    )
+"""
+
 
 # A DAG of a user's that puts a task of its own on Berth's queue: the cluster policy
 # (plugins/airflow_local_settings.py) refuses it when the DAG processor parses it.
@@ -75,10 +95,12 @@ def _alive_triggerer_ids(platform: Platform) -> set[int]:
     return {int(j["id"]) for j in got["jobs"]}
 
 
-def _start_triggerer(platform: Platform, name: str, queue: str, env: dict[str, str]) -> int:
-    """Start triggerer `name` on `queue` and return its Airflow job id, once it heartbeats."""
+def _start_triggerer(platform: Platform, name: str, queue: str | None, env: dict[str, str]) -> int:
+    """Start triggerer `name` on `queue` (None: without --queues) and return its Airflow job
+    id, once it heartbeats."""
     before = _alive_triggerer_ids(platform)
-    platform.airflow.start("triggerer", instance=name, env=env, args=["--queues", queue])
+    args = [] if queue is None else ["--queues", queue]
+    platform.airflow.start("triggerer", instance=name, env=env, args=args)
     new = wait_for(
         lambda: _alive_triggerer_ids(platform) - before,
         f"triggerer {name} heartbeating",
@@ -97,15 +119,18 @@ def fenced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Platform,
     dags = form_dag_folder(root)
     (dags / "plain_wait.py").write_text(textwrap.dedent(PLAIN_DAG))
     (dags / "misrouted.py").write_text(MISROUTED_DAG)
+    (dags / "from_trigger.py").write_text(FROM_TRIGGER_DAG)
     extra_env = {"AIRFLOW__TRIGGERER__QUEUES_ENABLED": "True", "BERTH_TRIGGER_QUEUE": QUEUE}
-    with deployed(root, dags, extra_env, ("berth_job", "plain_wait")) as platform:
-        # `deployed` started one triggerer without --queues, which under queues_enabled runs
-        # only triggers without a queue: two with a queue each instead.
+    dag_ids = ("berth_job", "plain_wait", "from_trigger")
+    with deployed(root, dags, extra_env, dag_ids) as platform:
+        # `deployed` started one triggerer without --queues: under queues_enabled it runs only
+        # the triggers that have no queue, as the deployment's unqueued triggerers do. It gets
+        # the fenced store too, and two with a queue each join it.
         platform.airflow.stop("triggerer")
-        ids = {"berth": _start_triggerer(platform, "berth", QUEUE, {})}
-        ids["plain"] = _start_triggerer(
-            platform, "plain", DEFAULT_QUEUE, {"BERTH_STORE_URL": FENCED_URL}
-        )
+        fenced = {"BERTH_STORE_URL": FENCED_URL}
+        ids = {"unqueued": _start_triggerer(platform, "unqueued", None, fenced)}
+        ids["berth"] = _start_triggerer(platform, "berth", QUEUE, {})
+        ids["plain"] = _start_triggerer(platform, "plain", DEFAULT_QUEUE, fenced)
         yield platform, ids
 
 
@@ -151,8 +176,8 @@ def test_berths_triggers_run_on_its_triggerer_and_a_users_on_the_plain_one(
     assert wait_for_run(af, "berth_job", job_run) == "success"
     [job] = jobs_of(platform.store, job_run)
     assert (job.state, job.attempt) == ("succeeded", 1)
-    # Every Berth trigger of the run went to Berth's queue (none reached the plain triggerer,
-    # whose store would have failed it): the wait task's too, if it deferred.
+    # Every task of the job's run succeeded: a Berth trigger run by another triggerer, whose
+    # store points nowhere, would have failed its task.
     for ti in af.api.task_instances("berth_job", job_run):
         assert ti["state"] == "success", ti
 
@@ -188,3 +213,27 @@ def test_with_berths_triggerer_down_its_trigger_waits_and_the_plain_one_never_ta
     # Berth's triggerer back: it takes the trigger and the job ends.
     assert wait_for_run(af, "berth_job", job_run) == "success"
     assert wait_for_run(af, "plain_wait", plain_run) == "success"
+
+
+def test_a_dags_own_task_on_berths_queue_fails_its_import_naming_the_fix(
+    fenced: tuple[Platform, dict[str, int]],
+) -> None:
+    af = fenced[0].airflow
+    found = wait_for(
+        lambda: [e for e in af.api.import_errors() if e["filename"].endswith("misrouted.py")],
+        "the misrouted DAG's import error",
+        120,
+        1.0,
+    )
+    message = found[0]["stack_trace"]
+    assert "'on_berths_queue'" in message and f"queue {QUEUE!r} is Berth's own" in message
+    assert not af.api.dag_known("misrouted")
+
+
+def test_a_task_started_in_the_triggerer_runs_on_the_unqueued_one(
+    fenced: tuple[Platform, dict[str, int]],
+) -> None:
+    """Its trigger has no queue: neither Berth's triggerer nor the plain one may take it."""
+    platform, _ = fenced
+    run = platform.airflow.api.trigger("from_trigger")
+    assert wait_for_run(platform.airflow, "from_trigger", run) == "success"
