@@ -147,6 +147,13 @@ def _trigger(platform: Platform, dag_id: str, run_id: str, task_id: str, *, held
     return trigger if (trigger.get("triggerer_id") is not None) == held else None
 
 
+def _await_trigger(
+    platform: Platform, dag_id: str, run_id: str, task_id: str, *, held: bool, what: str
+) -> Any:
+    """Wait (up to 300 s) until `_trigger` sees the task's trigger held, or not held."""
+    return wait_for(lambda: _trigger(platform, dag_id, run_id, task_id, held=held), what, 300, 0.5)
+
+
 def test_berths_triggers_run_on_its_triggerer_and_a_users_on_the_plain_one(
     fenced: tuple[Platform, dict[str, int]],
 ) -> None:
@@ -157,18 +164,22 @@ def test_berths_triggers_run_on_its_triggerer_and_a_users_on_the_plain_one(
 
     # The job's run task waits for its gang in a trigger (the completion poll) on Berth's queue,
     # held by Berth's triggerer; the user's task waits on the default queue, on the other one.
-    berths = wait_for(
-        lambda: _trigger(platform, "berth_job", job_run, "job.run", held=True),
-        "the job's run task deferred to a trigger",
-        300,
-        0.5,
+    berths = _await_trigger(
+        platform,
+        "berth_job",
+        job_run,
+        "job.run",
+        held=True,
+        what="the job's run task deferred to a trigger",
     )
     assert (berths["queue"], berths["triggerer_id"]) == (QUEUE, ids["berth"]), berths
-    users = wait_for(
-        lambda: _trigger(platform, "plain_wait", plain_run, "pause", held=True),
-        "the user's task deferred to a trigger",
-        300,
-        0.5,
+    users = _await_trigger(
+        platform,
+        "plain_wait",
+        plain_run,
+        "pause",
+        held=True,
+        what="the user's task deferred to a trigger",
     )
     assert (users["queue"], users["triggerer_id"]) == (DEFAULT_QUEUE, ids["plain"]), users
 
@@ -191,20 +202,24 @@ def test_with_berths_triggerer_down_its_trigger_waits_and_the_plain_one_never_ta
     try:
         job_run = af.api.trigger("berth_job", _conf("waits", "vision", 1, 1, "sleep 5"))
         # Deferred, its trigger made, and no triggerer takes it.
-        wait_for(
-            lambda: _trigger(platform, "berth_job", job_run, "job.run", held=False),
-            "the job's run task deferred",
-            300,
-            0.5,
+        _await_trigger(
+            platform,
+            "berth_job",
+            job_run,
+            "job.run",
+            held=False,
+            what="the job's run task deferred",
         )
         # The plain triggerer is alive and assigning: a user's trigger made after Berth's is
         # taken, while Berth's still has no triggerer.
         plain_run = af.api.trigger("plain_wait")
-        users = wait_for(
-            lambda: _trigger(platform, "plain_wait", plain_run, "pause", held=True),
-            "the user's task deferred to a trigger",
-            300,
-            0.5,
+        users = _await_trigger(
+            platform,
+            "plain_wait",
+            plain_run,
+            "pause",
+            held=True,
+            what="the user's task deferred to a trigger",
         )
         assert users["triggerer_id"] == ids["plain"]
         assert _trigger(platform, "berth_job", job_run, "job.run", held=False)
