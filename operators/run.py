@@ -66,6 +66,7 @@ class BerthRunOperator(BaseOperator):
         changes).
     """
 
+    berth_task = True  # one of Berth's: it may run on Berth's queue (berth/trigger_queue.py)
     template_fields = ("spec",)
     ui_color = "#c9e4ff"
     operator_extra_links = (MlflowRunLink(),)

@@ -35,6 +35,7 @@ from operators.tracking import TaskRef
 class _SpecStep(BaseOperator):
     """A lifecycle step that reads the job spec (a mapping, or "params")."""
 
+    berth_task = True  # one of Berth's: it may run on Berth's queue (berth/trigger_queue.py)
     template_fields = ("spec",)
     ui_color = "#e8f1fb"
 

@@ -28,6 +28,8 @@ import copy
 import os
 from typing import Any
 
+from berth.trigger_queue import trigger_queue
+
 STORE_URL = "BERTH_STORE_URL"
 # The ServiceAccount of Berth's own task pods (docker/rbac/berth-runtime.yaml): the run task
 # launches gangs in the team namespaces. The pod template's, for every other task, has no rights.
@@ -35,7 +37,6 @@ RUNTIME_ACCOUNT = "berth-runtime"
 # The Secret and key the deployment keeps the URL in (docker/README.md, step 2).
 STORE_SECRET, STORE_KEY = "berth-store", "url"
 BASE_CONTAINER = "base"  # the KubernetesExecutor's task container
-TRIGGER_QUEUE = "BERTH_TRIGGER_QUEUE"
 
 
 def store_pod_override() -> dict[str, Any]:
@@ -54,35 +55,6 @@ def store_pod_override() -> dict[str, Any]:
     container = k8s.V1Container(name=BASE_CONTAINER, env=[url])
     spec = k8s.V1PodSpec(containers=[container], service_account_name=RUNTIME_ACCOUNT)
     return {"pod_override": k8s.V1Pod(spec=spec)}
-
-
-def trigger_queue() -> str | None:
-    """The Airflow queue of Berth's tasks (and so of their triggers), or None: Airflow's
-    default queue."""
-    return os.environ.get(TRIGGER_QUEUE) or None
-
-
-def is_berth_task(task: Any) -> bool:
-    """Whether `task` is one of Berth's operators (a step of `gpu_job`), the only tasks that
-    may run on Berth's queue."""
-    from operators.run import BerthRunOperator  # they import this module
-    from operators.steps import _SpecStep
-    from operators.waiting import WaitForAdmissionOperator
-
-    return isinstance(task, (_SpecStep, BerthRunOperator, WaitForAdmissionOperator))
-
-
-def queue_violation(task: Any) -> str | None:
-    """Why `task` may not run where it is (a task of a DAG's own on Berth's queue, whose
-    triggers Berth's triggerers run with the store's URL), or None."""
-    queue = trigger_queue()
-    if queue is None or getattr(task, "queue", None) != queue or is_berth_task(task):
-        return None
-    return (
-        f"task {task.task_id!r}: queue {queue!r} is Berth's own ({TRIGGER_QUEUE}): the triggers "
-        "of tasks on it run in Berth's triggerers, which hold Berth's store; give the task "
-        "another queue, or leave `queue` out"
-    )
 
 
 def with_store_access(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -53,6 +53,7 @@ class WaitForAdmissionOperator(BaseOperator):
     :param notify: Airflow notifiers told when the job has waited `notify_waiting_after_s`.
     """
 
+    berth_task = True  # one of Berth's: it may run on Berth's queue (berth/trigger_queue.py)
     template_fields = ("spec",)
     ui_color = "#fde9c4"
 

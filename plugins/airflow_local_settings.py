@@ -75,7 +75,7 @@ def task_policy(task: Any) -> None:
     import, saying which task and what to do. This stops a mistake; a DAG author set on it can
     still change a task's queue at run time (the worker reports the queue of a deferral and
     Airflow does not check it), which Airflow's security model leaves to DAG authors' trust."""
-    from operators.store_access import queue_violation
+    from berth.trigger_queue import queue_violation
 
     problem = queue_violation(task)
     if problem is not None:

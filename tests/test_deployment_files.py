@@ -25,7 +25,8 @@ from test_kube_manifests import (
 from berth.runtime.kubernetes.config import KubeConfig, load_kube_config
 from berth.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, TopologyLabels
 from berth.runtime.kubernetes.pods import KubeSettings, _security
-from operators.store_access import STORE_KEY, STORE_SECRET, TRIGGER_QUEUE
+from berth.trigger_queue import TRIGGER_QUEUE
+from operators.store_access import STORE_KEY, STORE_SECRET
 
 # --- the pod template --------------------------------------------------------------------------
 

@@ -203,7 +203,8 @@ def test_the_task_account_of_every_other_dag_can_do_nothing(kube_api: KubeAPI) -
         else:
             rbac.create_namespaced_role_binding(system, doc)
     kube.create_service_account(system, "airflow-scheduler")
-    scheduler = client.CoreV1Api(kube.service_account_client(system, "airflow-scheduler"))
+    scheduler_api = kube.service_account_client(system, "airflow-scheduler")
+    scheduler = client.CoreV1Api(scheduler_api)
     task_pod = {
         "metadata": {"name": "task"},
         "spec": {
@@ -212,7 +213,28 @@ def test_the_task_account_of_every_other_dag_can_do_nothing(kube_api: KubeAPI) -
         },
     }
     assert scheduler.create_namespaced_pod(system, task_pod, dry_run="All").metadata.name == "task"
-    assert scheduler.list_namespaced_pod(system).items == []
+    # Every call the KubernetesExecutor makes on its pods (create, read, list and watch, the
+    # adoption's label patch, delete), asked of the API server as the scheduler.
+    executor_verbs = ("create", "get", "list", "watch", "patch", "delete")
+    allowed = {v: _may(scheduler_api, v, "pods", system) for v in executor_verbs}
+    assert allowed == dict.fromkeys(executor_verbs, True)
+    assert not _may(scheduler_api, "create", "pods/exec", system)
+    assert not _may(scheduler_api, "get", "secrets", system)
     assert _refused(scheduler.create_namespaced_pod, team_ns, pod)  # only its own namespace
-    assert _refused(scheduler.list_namespaced_secret, system)
+    # Neither a task's account nor Berth's may start a pod there (it could mount the Secret).
     assert _refused(core.create_namespaced_pod, system, task_pod)
+    runtime_api = kube.service_account_client(system, "berth-runtime")
+    assert not _may(runtime_api, "create", "pods", system)
+
+
+def _may(api: client.ApiClient, verb: str, resource: str, namespace: str) -> bool:
+    """Whether the API server allows `api`'s identity `verb` on `resource` in `namespace`."""
+    resource, _, sub = resource.partition("/")
+    attrs = client.V1ResourceAttributes(
+        verb=verb, resource=resource, subresource=sub or None, namespace=namespace
+    )
+    review = client.V1SelfSubjectAccessReview(
+        spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attrs)
+    )
+    got = client.AuthorizationV1Api(api).create_self_subject_access_review(review)
+    return bool(got.status.allowed)

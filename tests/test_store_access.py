@@ -17,6 +17,7 @@ from airflow.sdk import DAG, task
 from airflow.serialization.serialized_objects import DagSerialization
 from kubernetes.client import models as k8s
 
+from berth.trigger_queue import TRIGGER_QUEUE, queue_violation
 from operators import gpu_job
 from operators.steps import ValidateSpecOperator
 from operators.store_access import (
@@ -24,8 +25,6 @@ from operators.store_access import (
     STORE_KEY,
     STORE_SECRET,
     STORE_URL,
-    TRIGGER_QUEUE,
-    queue_violation,
 )
 
 POD_TEMPLATE = Path(__file__).resolve().parent.parent / "docker" / "helm" / "pod-template.yaml"

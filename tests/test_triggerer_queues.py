@@ -20,7 +20,8 @@ that a Berth trigger run there would fail its job.
    takes a user's trigger made after it; Berth's triggerer back, the job ends.
 3. A DAG whose own task names Berth's queue fails to import (the cluster policy,
    plugins/airflow_local_settings.py), naming the task and the fix.
-4. A task that starts in the triggerer (its trigger has no queue) runs, on the unqueued one.
+4. A task that starts in the triggerer (its trigger has no queue) waits while the unqueued
+   triggerer is down, taken by neither of the others, and runs once it is back.
 """
 
 from __future__ import annotations
@@ -245,10 +246,31 @@ def test_a_dags_own_task_on_berths_queue_fails_its_import_naming_the_fix(
     assert not af.api.dag_known("misrouted")
 
 
-def test_a_task_started_in_the_triggerer_runs_on_the_unqueued_one(
+def test_a_task_started_in_the_triggerer_waits_for_an_unqueued_one(
     fenced: tuple[Platform, dict[str, int]],
 ) -> None:
-    """Its trigger has no queue: neither Berth's triggerer nor the plain one may take it."""
-    platform, _ = fenced
-    run = platform.airflow.api.trigger("from_trigger")
-    assert wait_for_run(platform.airflow, "from_trigger", run) == "success"
+    """Its trigger has no queue: neither Berth's triggerer nor the plain one takes it, and the
+    unqueued one, back, runs it."""
+    platform, ids = fenced
+    af = platform.airflow
+    af.stop("triggerer#unqueued")
+    try:
+        run = af.api.trigger("from_trigger")
+        waiting = _await_trigger(
+            platform, "from_trigger", run, "past", held=False, what="the task deferred at start"
+        )
+        assert waiting["queue"] is None, waiting
+        # Berth's and the plain triggerer assign meanwhile: a user's trigger made after it is
+        # taken, and it is not.
+        plain_run = af.api.trigger("plain_wait")
+        users = _await_trigger(
+            platform, "plain_wait", plain_run, "pause", held=True, what="the user's task deferred"
+        )
+        assert users["triggerer_id"] == ids["plain"]
+        assert _trigger(platform, "from_trigger", run, "past", held=False)
+    finally:
+        ids["unqueued"] = _start_triggerer(
+            platform, "unqueued", None, {"BERTH_STORE_URL": FENCED_URL}
+        )
+    assert wait_for_run(af, "from_trigger", run) == "success"
+    assert wait_for_run(af, "plain_wait", plain_run) == "success"
