@@ -155,6 +155,13 @@ def _await_trigger(
     return wait_for(lambda: _trigger(platform, dag_id, run_id, task_id, held=held), what, 300, 0.5)
 
 
+def _users_trigger(platform: Platform, run_id: str) -> Any:
+    """The trigger of the user's deferrable task in `plain_wait` run `run_id`, once held."""
+    return _await_trigger(
+        platform, "plain_wait", run_id, "pause", held=True, what="the user's task deferred"
+    )
+
+
 def test_berths_triggers_run_on_its_triggerer_and_a_users_on_the_plain_one(
     fenced: tuple[Platform, dict[str, int]],
 ) -> None:
@@ -174,14 +181,7 @@ def test_berths_triggers_run_on_its_triggerer_and_a_users_on_the_plain_one(
         what="the job's run task deferred to a trigger",
     )
     assert (berths["queue"], berths["triggerer_id"]) == (QUEUE, ids["berth"]), berths
-    users = _await_trigger(
-        platform,
-        "plain_wait",
-        plain_run,
-        "pause",
-        held=True,
-        what="the user's task deferred to a trigger",
-    )
+    users = _users_trigger(platform, plain_run)
     assert (users["queue"], users["triggerer_id"]) == (DEFAULT_QUEUE, ids["plain"]), users
 
     assert wait_for_run(af, "plain_wait", plain_run) == "success"
@@ -214,15 +214,7 @@ def test_with_berths_triggerer_down_its_trigger_waits_and_the_plain_one_never_ta
         # The plain triggerer is alive and assigning: a user's trigger made after Berth's is
         # taken, while Berth's still has no triggerer.
         plain_run = af.api.trigger("plain_wait")
-        users = _await_trigger(
-            platform,
-            "plain_wait",
-            plain_run,
-            "pause",
-            held=True,
-            what="the user's task deferred to a trigger",
-        )
-        assert users["triggerer_id"] == ids["plain"]
+        assert _users_trigger(platform, plain_run)["triggerer_id"] == ids["plain"]
         assert _trigger(platform, "berth_job", job_run, "job.run", held=False)
     finally:
         ids["berth"] = _start_triggerer(platform, "berth", QUEUE, {})
@@ -263,10 +255,7 @@ def test_a_task_started_in_the_triggerer_waits_for_an_unqueued_one(
         # Berth's and the plain triggerer assign meanwhile: a user's trigger made after it is
         # taken, and it is not.
         plain_run = af.api.trigger("plain_wait")
-        users = _await_trigger(
-            platform, "plain_wait", plain_run, "pause", held=True, what="the user's task deferred"
-        )
-        assert users["triggerer_id"] == ids["plain"]
+        assert _users_trigger(platform, plain_run)["triggerer_id"] == ids["plain"]
         assert _trigger(platform, "from_trigger", run, "past", held=False)
     finally:
         ids["unqueued"] = _start_triggerer(

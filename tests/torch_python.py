@@ -41,4 +41,3 @@ def torch_python() -> str:
     if os.environ.get("BERTH_REQUIRE_TORCH") == "1":
         pytest.fail(f"BERTH_REQUIRE_TORCH=1 but {why}", pytrace=False)
     pytest.skip(why, allow_module_level=True)
-    raise AssertionError("unreachable")  # pytest.skip raises
