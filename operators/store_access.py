@@ -17,7 +17,7 @@ The triggers of Berth's tasks need the store too (admission, the gang's completi
 `BERTH_TRIGGER_QUEUE` set, Berth's tasks run on that Airflow queue; with Airflow's `[triggerer]
 queues_enabled` a deferred task's trigger goes to its task's queue, and only triggerers started
 with `--queues <that queue>` run it. The deployment gives the store to those triggerers alone
-(docker/helm/berth-triggerer.yaml), and the chart's triggerer, which runs every other DAG's
+(Berth's chart, docker/chart), and the Airflow chart's triggerer, which runs every other DAG's
 triggers, gets none. The queue is Berth's whatever a DAG passes: on another one Berth's triggers
 would wait for a triggerer that cannot reach the store.
 """

@@ -1,8 +1,9 @@
-"""The pod template and the Helm values under docker/helm/, and Berth's own triggerers: what the
-KubernetesExecutor, the Airflow chart and Berth's runtime read from them, and that they tell the
-same story (image, settings, volumes, accounts, queues). The Kubernetes objects among them also
-pass the server-side dry run of tests/test_kube_manifests.py. Helm itself cannot run here (no
-chart download): the values' keys were written against the chart's schema, not rendered.
+"""The Helm values (docker/helm/values.yaml, with the pod template of every Airflow task) and
+Berth's chart (docker/chart: Berth's triggerers), rendered with a real Helm (tests/helm.py): what
+the KubernetesExecutor, the Airflow chart and Berth's runtime read from them, and that one change
+in the values reaches every pod, with nothing copied by hand. The rendered objects also pass the
+server-side dry run of tests/test_kube_manifests.py. The Apache Airflow chart itself cannot be
+downloaded here: its values' keys were written against its schema, not rendered by it.
 """
 
 from __future__ import annotations
@@ -10,17 +11,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
 import yaml
-from test_kube_manifests import (
-    BERTH_TRIGGERER,
-    POD_TEMPLATE,
-    RBAC,
-    README,
-    REPO,
-    SCHEDULER_RBAC,
-    UNQUEUED_TRIGGERER,
-    VALUES,
-)
+from helm import CHART, VALUES, HelmError, helm, render_berth_chart, render_pod_template
+from test_kube_manifests import RBAC, README, REPO, SCHEDULER_RBAC, parse_dockerfile
 
 from berth.runtime.kubernetes.config import KubeConfig, load_kube_config
 from berth.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, TopologyLabels
@@ -39,8 +33,17 @@ def rbac_service_account(name: str = "berth-runtime") -> dict[str, Any]:
     ]
 
 
+def image_env() -> dict[str, str]:
+    """The ENV of Berth's Airflow image (docker/airflow/Dockerfile)."""
+    out: dict[str, str] = {}
+    for ins in parse_dockerfile((REPO / "docker" / "airflow" / "Dockerfile").read_text()):
+        if ins.keyword == "ENV":
+            out.update(w.split("=", 1) for w in ins.args.split())
+    return out
+
+
 def test_the_pod_template_is_what_the_executor_and_the_runtime_need() -> None:
-    pod = yaml.safe_load(POD_TEMPLATE.read_text())
+    pod = render_pod_template()
     containers = pod["spec"]["containers"]
     assert [c["name"] for c in containers] == ["base"]  # the executor's container
     base = containers[0]
@@ -49,7 +52,8 @@ def test_the_pod_template_is_what_the_executor_and_the_runtime_need() -> None:
     pod_security, container_security = _security(KubeSettings())
     assert pod_security and container_security
     assert pod["spec"]["securityContext"].items() >= pod_security.items()
-    assert base["securityContext"].items() >= container_security.items()
+    container_needs = {k: v for k, v in container_security.items() if k != "runAsNonRoot"}
+    assert base["securityContext"].items() >= container_needs.items()
     assert pod["spec"]["securityContext"]["runAsUser"] != 0
 
     # Every task's pod runs as the account with no rights and no token; Berth's own tasks name
@@ -68,11 +72,15 @@ def test_the_pod_template_is_what_the_executor_and_the_runtime_need() -> None:
     # test_store_access.py, renders the pods with the provider's own code).
     assert "BERTH_STORE_URL" not in env
     assert env["MLFLOW_TRACKING_URI"]["value"].startswith("http")
-    mounts = {m["mountPath"]: m["name"] for m in base["volumeMounts"]}
-    assert mounts["/etc/berth"] == "berth-config"  # where BERTH_TEAMS and the settings point
     assert "BERTH_CLUSTER" not in env  # discovered from the nodes, not declared
-    assert env["BERTH_TEAMS"]["value"].startswith("/etc/berth/")
-    assert env["BERTH_KUBE_SETTINGS"]["value"] == "/etc/berth/kube.yaml"
+    # The image points Berth at the mounted configuration and the shared claim.
+    mounts = {m["name"]: m["mountPath"] for m in base["volumeMounts"]}
+    image = image_env()
+    assert image["BERTH_TEAMS"].startswith(mounts["berth-config"] + "/")
+    assert image["BERTH_KUBE_SETTINGS"] == mounts["berth-config"] + "/kube.yaml"
+    assert image["BERTH_HOME"] == mounts["berth-home"]
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["berth-home"]["persistentVolumeClaim"] == {"claimName": "berth-home"}
     # The shipped settings file is valid and says only what the defaults say.
     assert load_kube_config(REPO / "docker" / "config" / "kube.yaml") == KubeConfig()
 
@@ -85,8 +93,8 @@ def test_the_helm_values_set_what_the_chart_reads() -> None:
     assert values["executor"] == "KubernetesExecutor"
     assert values["triggerer"]["enabled"] is True
     assert values["triggerer"]["replicas"] >= 2  # one may die: the other takes its triggers
-    # The chart writes `podTemplate` verbatim into its ConfigMap; it comes from --set-file.
-    assert "podTemplate" in values
+    # The chart renders `podTemplate` with `tpl` into its ConfigMap: a template, not a file.
+    assert isinstance(values["podTemplate"], str) and "{{ .Release.Name }}" in values["podTemplate"]
     sa = rbac_service_account()
     task_sa = rbac_service_account("berth-task")
     assert values["workers"]["serviceAccount"] == {"create": False, "name": task_sa["name"]}
@@ -116,40 +124,47 @@ def test_the_helm_values_set_what_the_chart_reads() -> None:
     # Berth's task pods and triggerers get it from too.
     assert "BERTH_STORE_URL" not in {s["envName"] for s in values.get("secret", ())}
     assert "BERTH_STORE_URL" not in str(values.get("extraEnv") or "")
-    holders = {k for k, v in values.items() if isinstance(v, dict) and "BERTH_STORE_URL" in str(v)}
+    holders = {k for k, v in values.items() if "BERTH_STORE_URL" in str(v)}
     assert holders == {"apiServer"}, holders
     [url] = [e for e in values["apiServer"]["env"] if e["name"] == "BERTH_STORE_URL"]
     ref = url["valueFrom"]["secretKeyRef"]
     assert (ref["name"], ref["key"]) == (STORE_SECRET, STORE_KEY)
     assert isinstance(values["postgresql"]["enabled"], bool)
 
-    # The values and the pod template tell the same story.
-    pod = yaml.safe_load(POD_TEMPLATE.read_text())
+    # The values and the pod template they hold tell the same story.
+    pod = render_pod_template()
     base = pod["spec"]["containers"][0]
     pod_env = {e["name"]: e.get("value") for e in base["env"]}
     for name, value in env.items():
-        assert pod_env[name] == value, f"{name} differs between values.yaml and the pod template"
+        assert pod_env[name] == value, f"{name} differs between the values and the pod template"
     image = values["images"]["airflow"]
     assert base["image"] == f"{image['repository']}:{image['tag']}"
-    # The same volumes too: the configuration, and BERTH_HOME on the shared claim (not an
-    # emptyDir, which would lose the tracking spool with each pod).
     pod_volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     for volume in values["volumes"]:
         assert pod_volumes[volume["name"]] == volume, volume["name"]
-    assert pod_volumes["berth-home"]["persistentVolumeClaim"] == {"claimName": "berth-home"}
-    mounts = {m["name"]: m["mountPath"] for m in values["volumeMounts"]}
-    assert mounts["berth-home"] == env.get("BERTH_HOME", "/opt/airflow/berth")
-    assert {m["name"]: m["mountPath"] for m in base["volumeMounts"]}["berth-home"] == (
-        mounts["berth-home"]
-    )
+    pod_mounts = {m["name"]: m["mountPath"] for m in base["volumeMounts"]}
+    for mount in values["volumeMounts"]:
+        assert pod_mounts[mount["name"]] == mount["mountPath"], mount["name"]
+
+
+# --- Berth's chart -----------------------------------------------------------------------------
+
+
+def _workloads(docs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """StatefulSet name -> (the StatefulSet, its Service)."""
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    return {
+        d["metadata"]["name"]: (d, services[d["spec"]["serviceName"]])
+        for d in docs
+        if d["kind"] == "StatefulSet"
+    }
 
 
 def test_berths_triggerers_run_its_queue_alone_with_the_store_and_the_values_settings() -> None:
     values = yaml.safe_load(VALUES.read_text())
-    docs = {d["kind"]: d for d in yaml.safe_load_all(BERTH_TRIGGERER.read_text())}
-    sts, service = docs["StatefulSet"], docs["Service"]
-    assert sts["spec"]["serviceName"] == service["metadata"]["name"]  # resolvable host names
-    assert service["spec"]["clusterIP"] == "None"
+    sts, service = _workloads(render_berth_chart())["berth-triggerer"]
+    assert service["spec"]["clusterIP"] == "None"  # resolvable host names for the logs
+    assert sts["spec"]["selector"]["matchLabels"].items() <= service["spec"]["selector"].items()
     assert sts["spec"]["replicas"] >= 2  # one may die: the other takes its triggers
     pod = sts["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == rbac_service_account()["name"]
@@ -174,30 +189,26 @@ def test_berths_triggerers_run_its_queue_alone_with_the_store_and_the_values_set
     for mount in values["volumeMounts"]:
         assert mounts[mount["name"]] == mount["mountPath"], mount["name"]
     # The chart's Airflow configuration (queues_enabled among it), as the pod template mounts it.
-    template_volumes = {
-        v["name"]: v for v in yaml.safe_load(POD_TEMPLATE.read_text())["spec"]["volumes"]
-    }
+    template_volumes = {v["name"]: v for v in render_pod_template()["spec"]["volumes"]}
     assert volumes["config"] == template_volumes["config"]
 
 
-def _check_airflow_env(env: dict[str, Any]) -> None:
-    """What a triggerer outside the chart needs of the chart's Secrets, as the chart names
-    them for the release `airflow`."""
+def _check_airflow_env(env: dict[str, Any], release: str = "airflow") -> None:
+    """What a pod outside the chart's own needs of the chart's Secrets, as the chart names
+    them for `release`."""
     secrets = {k: (v["valueFrom"]["secretKeyRef"]["name"], v["valueFrom"]["secretKeyRef"]["key"])
                for k, v in env.items() if "valueFrom" in v}  # fmt: skip
-    assert secrets["AIRFLOW__CORE__FERNET_KEY"] == ("airflow-fernet-key", "fernet-key")
+    assert secrets["AIRFLOW__CORE__FERNET_KEY"] == (f"{release}-fernet-key", "fernet-key")
     assert secrets["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == (
-        "airflow-airflow-metadata", "connection"
+        f"{release}-airflow-metadata", "connection"
     )  # fmt: skip
     # The API server fetches a running trigger's log with it; a missing one fails that check.
-    assert secrets["AIRFLOW__API__SECRET_KEY"] == ("airflow-api-secret-key", "api-secret-key")
+    assert secrets["AIRFLOW__API__SECRET_KEY"] == (f"{release}-api-secret-key", "api-secret-key")
 
 
 def test_the_unqueued_triggerers_run_triggers_without_a_queue_and_hold_nothing_of_berths() -> None:
     values = yaml.safe_load(VALUES.read_text())
-    docs = {d["kind"]: d for d in yaml.safe_load_all(UNQUEUED_TRIGGERER.read_text())}
-    sts, service = docs["StatefulSet"], docs["Service"]
-    assert sts["spec"]["serviceName"] == service["metadata"]["name"]
+    sts, _ = _workloads(render_berth_chart())["airflow-triggerer-unqueued"]
     assert sts["spec"]["replicas"] >= 2
     pod = sts["spec"]["template"]["spec"]
     # Every DAG's code runs here: the account bound to nothing, no Berth setting, no URL.
@@ -206,30 +217,95 @@ def test_the_unqueued_triggerers_run_triggers_without_a_queue_and_hold_nothing_o
     assert container["args"] == ["bash", "-c", "exec airflow triggerer"]  # no --queues
     env = {e["name"]: e for e in container["env"]}
     assert not [name for name in env if name.startswith(("BERTH_", "MLFLOW_"))], env
-    assert "berth-store" not in UNQUEUED_TRIGGERER.read_text()
+    assert STORE_SECRET not in yaml.safe_dump(sts)
     _check_airflow_env(env)
     image = values["images"]["airflow"]
     assert container["image"] == f"{image['repository']}:{image['tag']}"
-    template_volumes = {
-        v["name"]: v for v in yaml.safe_load(POD_TEMPLATE.read_text())["spec"]["volumes"]
-    }
+    template_volumes = {v["name"]: v for v in render_pod_template()["spec"]["volumes"]}
     assert {v["name"]: v for v in pod["volumes"]}["config"] == template_volumes["config"]
     assert {v["name"] for v in pod["volumes"]} == {"logs", "config"}  # not Berth's volumes
+    # An admin who runs no queue-less triggers may leave them out.
+    names = {
+        d["metadata"]["name"] for d in render_berth_chart({"triggerers.unqueued.enabled": "false"})
+    }
+    assert names == {"berth-triggerer"}
 
 
-def test_the_readme_installs_with_the_values_and_the_pod_template() -> None:
+def _images(docs: list[dict[str, Any]]) -> set[str]:
+    pods = [d["spec"]["template"]["spec"] if "template" in d["spec"] else d["spec"] for d in docs]
+    return {c["image"] for p in pods for c in [*p.get("initContainers", ()), *p["containers"]]}
+
+
+def test_one_change_in_the_values_reaches_every_pod() -> None:
+    """Nothing is copied: a new image, setting or release name in the values reaches the pod
+    template and both triggerers, where the hand-written files each needed the edit."""
+    sets = {
+        "images.airflow.repository": "registry.test/team/airflow",
+        "images.airflow.tag": "2.0.0",
+        "env[2].value": "http://mlflow.test:5000",
+    }
+    values = yaml.safe_load(VALUES.read_text())
+    assert values["env"][2]["name"] == "MLFLOW_TRACKING_URI"
+    pod = render_pod_template(sets, release="af")
+    chart = [d for d in render_berth_chart({**sets, "airflowRelease": "af"}) if "spec" in d]
+    workloads = [d for d in chart if d["kind"] == "StatefulSet"]
+    assert _images([pod, *workloads]) == {"registry.test/team/airflow:2.0.0"}
+    for env in [
+        pod["spec"]["containers"][0]["env"],
+        workloads[0]["spec"]["template"]["spec"]["containers"][0]["env"],
+    ]:
+        named = {e["name"]: e for e in env}
+        assert named["MLFLOW_TRACKING_URI"]["value"] == "http://mlflow.test:5000"
+        _check_airflow_env(named, release="af")
+    configs = [
+        v["configMap"]["name"]
+        for p in [pod["spec"], *(w["spec"]["template"]["spec"] for w in workloads)]
+        for v in p["volumes"]
+        if v["name"] == "config"
+    ]
+    assert configs == ["af-airflow-config"] * 3
+    # An external metadata database's Secret, named once in the values, for all of them.
+    external = {"data.metadataSecretName": "airflow-db"}
+    pod = render_pod_template(external)
+    [sts, _] = [d for d in render_berth_chart(external) if d["kind"] == "StatefulSet"]
+    for container in [pod["spec"]["containers"][0], *sts["spec"]["template"]["spec"]["containers"]]:
+        [conn] = [e for e in container["env"] if e["name"] == "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+        assert conn["valueFrom"]["secretKeyRef"]["name"] == "airflow-db"
+
+
+def test_the_chart_without_what_it_needs_says_what_is_missing(tmp_path: Any) -> None:
+    # Installed without the Airflow values: the message names the value and the fix.
+    with pytest.raises(HelmError) as err:
+        render_berth_chart(values=())
+    assert "images.airflow is missing" in str(err.value)
+    assert "-f docker/helm/values.yaml" in str(err.value)
+    # Values whose API server has no store URL: Berth's triggerers would have none either.
+    values = yaml.safe_load(VALUES.read_text())
+    values["apiServer"]["env"] = []
+    broken = tmp_path / "values.yaml"
+    broken.write_text(yaml.safe_dump(values))
+    with pytest.raises(HelmError) as err:
+        render_berth_chart(values=(broken,))
+    assert "BERTH_STORE_URL" in str(err.value)
+
+
+def test_the_chart_passes_helms_strict_lint() -> None:
+    out = helm("lint", CHART, "--strict", "-f", VALUES)
+    assert "0 chart(s) failed" in out
+
+
+def test_the_readme_installs_both_charts_with_one_values_file() -> None:
     text = README.read_text()
     command = re.search(r"helm install airflow .*?(?<!\\)\n", text, flags=re.DOTALL)
     assert command, "docker/README.md has no `helm install airflow ...` command"
     words = command.group(0).replace("\\\n", " ").split()
     assert "--namespace" in words and words[words.index("--namespace") + 1] == "berth-system"
-    assert "docker/helm/values.yaml" in words
-    assert "podTemplate=docker/helm/pod-template.yaml" in words
-    assert words[words.index("podTemplate=docker/helm/pod-template.yaml") - 1] == "--set-file"
-    # The triggerers, right after the chart whose Secrets and ConfigMap they mount.
+    assert words[words.index("-f") + 1] == str(VALUES.relative_to(REPO))
+    assert "--set-file" not in words  # the pod template is in the values
+    # Berth's chart, right after the Airflow chart whose Secrets and ConfigMap it mounts.
     after = text[command.end() :].lstrip().splitlines()[0]
-    files = [BERTH_TRIGGERER, UNQUEUED_TRIGGERER]
-    assert after == "kubectl apply " + " ".join(f"-f {f.relative_to(REPO)}" for f in files), after
+    chart, values = CHART.relative_to(REPO), VALUES.relative_to(REPO)
+    assert after == f"helm install berth {chart} --namespace berth-system -f {values}", after
     # The scheduler's rights before the chart (step 1), with Berth's.
     rbac = f"kubectl apply -f {RBAC.relative_to(REPO)} -f {SCHEDULER_RBAC.relative_to(REPO)}"
     assert rbac in text[: command.start()]

@@ -1,14 +1,15 @@
 """The deployment files under docker/, checked for real where this machine can.
 
-- Every shipped Kubernetes object (docker/**/*.yaml that is one, and the YAML blocks of
-  docker/README.md and of docs/decisions/*.md that are) is applied to the real kube-apiserver
-  (tests/kubeapi.py) with a server-side apply in dry-run mode and strict field validation: the
-  server's schema, defaulting and admission (Pod Security "restricted", ServiceAccount, RBAC
-  escalation checks) judge it, and nothing is stored. Two broken variants show that the check
-  can fail. (What the runtime itself writes for DRA and staged data gets the same dry run in
-  tests/test_kube_volumes.py.)
-- What the pod template, the Helm values and Berth's triggerers say, and that they agree:
-  tests/test_deployment_files.py.
+- Every shipped Kubernetes object is applied to the real kube-apiserver (tests/kubeapi.py) with
+  a server-side apply in dry-run mode and strict field validation: docker/**/*.yaml that is
+  one, what Berth's chart renders from the Helm values, the pod template those values hold as
+  the Airflow chart renders it, and the YAML blocks of docker/README.md and of
+  docs/decisions/*.md. The server's schema, defaulting and admission (Pod Security
+  "restricted", ServiceAccount, RBAC escalation checks) judge it, and nothing is stored. Two
+  broken variants show that the check can fail. (What the runtime itself writes for DRA and
+  staged data gets the same dry run in tests/test_kube_volumes.py.)
+- What the pod template, the Helm values and Berth's chart say, and that they agree:
+  tests/test_deployment_files.py (rendered with Helm, tests/helm.py).
 - The Dockerfiles parse into instructions (FROM first, a numeric non-root USER for jobs, every
   COPY source present in the build context). No Docker engine here: the images are not built.
 """
@@ -24,6 +25,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import yaml
+from helm import CHART, render_berth_chart, render_pod_template
 from hypothesis import given
 from hypothesis import strategies as st
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
@@ -32,9 +34,6 @@ from kubernetes import client, dynamic
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
 RBAC = DOCKER / "rbac" / "berth-runtime.yaml"
-POD_TEMPLATE = DOCKER / "helm" / "pod-template.yaml"
-BERTH_TRIGGERER = DOCKER / "helm" / "berth-triggerer.yaml"
-UNQUEUED_TRIGGERER = DOCKER / "helm" / "unqueued-triggerer.yaml"
 SCHEDULER_RBAC = DOCKER / "rbac" / "airflow-scheduler.yaml"
 VALUES = DOCKER / "helm" / "values.yaml"
 README = DOCKER / "README.md"
@@ -63,11 +62,19 @@ def readme_yaml_blocks(text: str) -> list[str]:
     return re.findall(r"^```ya?ml\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
 
 
+POD_TEMPLATE_SOURCE = "docker/helm/values.yaml podTemplate"
+
+
 def shipped_manifests() -> list[Manifest]:
-    """Every Kubernetes object under docker/ (YAML files, README blocks) and in the decisions'
-    YAML blocks, in file order."""
+    """Every Kubernetes object under docker/ (YAML files, what Berth's chart and the pod
+    template render to, README blocks) and in the decisions' YAML blocks, in file order."""
     out: list[Manifest] = []
+    chart = str(CHART.relative_to(REPO))
+    out += [Manifest(chart, doc) for doc in render_berth_chart()]
+    out.append(Manifest(POD_TEMPLATE_SOURCE, render_pod_template()))
     for path in sorted(DOCKER.rglob("*.yaml")):
+        if path.is_relative_to(CHART):  # Helm templates: rendered above
+            continue
         for doc in yaml.safe_load_all(path.read_text()):
             if is_kube_object(doc):
                 out.append(Manifest(str(path.relative_to(REPO)), doc))
@@ -84,10 +91,9 @@ def test_the_manifests_found_are_the_ones_shipped() -> None:
     rbac = "docker/rbac/berth-runtime.yaml"
     assert (rbac, "ServiceAccount", "berth-runtime") in found
     assert (rbac, "PriorityClass", "berth-job") in found
-    assert ("docker/helm/pod-template.yaml", "Pod", "placeholder-name") in found
-    assert ("docker/helm/berth-triggerer.yaml", "StatefulSet", "berth-triggerer") in found
-    unqueued = ("docker/helm/unqueued-triggerer.yaml", "StatefulSet", "airflow-triggerer-unqueued")
-    assert unqueued in found
+    assert (POD_TEMPLATE_SOURCE, "Pod", "placeholder-name") in found
+    assert ("docker/chart", "StatefulSet", "berth-triggerer") in found
+    assert ("docker/chart", "StatefulSet", "airflow-triggerer-unqueued") in found
     assert ("docker/rbac/airflow-scheduler.yaml", "RoleBinding", "airflow-executor") in found
     # The walkthrough's own objects (MLflow) are checked like the files; the team namespaces
     # are `berth kube manifests`'s (tests/test_kube_team_objects.py).
@@ -234,7 +240,7 @@ def test_the_dry_run_refuses_a_pod_template_that_is_not_restricted(
     prepared: tuple[KubeAPI, dict[str, str]],
 ) -> None:
     kube, names = prepared
-    pod = renamed(yaml.safe_load(POD_TEMPLATE.read_text()), names)
+    pod = renamed(render_pod_template(), names)
     del pod["spec"]["containers"][0]["securityContext"]
     with pytest.raises(client.ApiException) as err:
         DryRun(kube).apply(pod)
@@ -244,7 +250,7 @@ def test_the_dry_run_refuses_a_pod_template_that_is_not_restricted(
 
 def test_the_dry_run_refuses_a_misspelt_field(prepared: tuple[KubeAPI, dict[str, str]]) -> None:
     kube, names = prepared
-    pod = renamed(yaml.safe_load(POD_TEMPLATE.read_text()), names)
+    pod = renamed(render_pod_template(), names)
     pod["spec"]["serviceAcountName"] = pod["spec"].pop("serviceAccountName")
     with pytest.raises(client.ApiException) as err:
         DryRun(kube).apply(pod)

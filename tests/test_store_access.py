@@ -1,7 +1,9 @@
 """Only Berth's tasks get the store's URL on Kubernetes (operators/store_access.py): the pod
 template every task's pod is made from carries none, Berth's operators add it through the
 KubernetesExecutor's pod_override, and the provider's own code (PodGenerator, the DAG
-serializer) merges and keeps it. No kubelet runs here: the pods are rendered, not started."""
+serializer) merges and keeps it. The pod template is the one docker/helm/values.yaml holds,
+rendered with Helm as the Airflow chart renders it (tests/helm.py). No kubelet runs here: the
+pods are rendered, not started."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, task
 from airflow.serialization.serialized_objects import DagSerialization
+from helm import render_pod_template
 from kubernetes.client import models as k8s
 
 from berth.trigger_queue import TRIGGER_QUEUE, queue_violation
@@ -27,7 +30,6 @@ from operators.store_access import (
     STORE_URL,
 )
 
-POD_TEMPLATE = Path(__file__).resolve().parent.parent / "docker" / "helm" / "pod-template.yaml"
 SPEC = {
     "name": "bert",
     "team": "vision",
@@ -54,20 +56,29 @@ def _dag() -> DAG:
     return dag
 
 
-def test_the_pod_template_gives_no_task_the_store() -> None:
-    template = yaml.safe_load(POD_TEMPLATE.read_text())
+@pytest.fixture(scope="module")
+def pod_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The rendered pod template, as a file where the executor's [kubernetes_executor]
+    pod_template_file points."""
+    path = tmp_path_factory.mktemp("pod-template") / "pod_template_file.yaml"
+    path.write_text(yaml.safe_dump(render_pod_template()))
+    return path
+
+
+def test_the_pod_template_gives_no_task_the_store(pod_template: Path) -> None:
+    template = yaml.safe_load(pod_template.read_text())
     (base,) = template["spec"]["containers"]
     assert STORE_URL not in {e["name"] for e in base["env"]}
-    assert STORE_URL not in POD_TEMPLATE.read_text()
+    assert STORE_URL not in pod_template.read_text()
 
 
 def test_berths_tasks_get_the_store_from_the_secret_and_a_dags_own_task_does_not(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, pod_template: Path
 ) -> None:
     monkeypatch.setenv("BERTH_RUNTIME", "kubernetes")
     # The DAG as the scheduler and the executor read it: serialized, then deserialized.
     dag = DagSerialization.from_dict(DagSerialization.to_dict(_dag()))
-    template = PodGenerator.deserialize_model_file(str(POD_TEMPLATE))
+    template = PodGenerator.deserialize_model_file(str(pod_template))
     berths = [t.task_id for t in dag.tasks if t.task_id != "users_own"]
     assert len(berths) >= 6, berths  # validate, prepare, stage, wait, run, collect, clean up
     for task_id in [*berths, "users_own"]:

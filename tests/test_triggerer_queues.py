@@ -1,10 +1,10 @@
 """Berth's triggers run only on Berth's triggerers, fenced from every other DAG's by queue.
 
-The Kubernetes deployment (docker/helm/values.yaml, docker/helm/berth-triggerer.yaml,
-docker/helm/unqueued-triggerer.yaml) gives the store's URL to Berth's own triggerers and not to
-the others, which run every other DAG's triggers (docs/decisions/0027). Airflow does the
-routing: with `[triggerer] queues_enabled` a deferred task's trigger carries its task's queue,
-and a triggerer started with `--queues` runs only those. Berth's tasks run on
+The Kubernetes deployment (docker/helm/values.yaml, and Berth's chart, docker/chart, which
+renders Berth's and the queue-less triggerers from them) gives the store's URL to Berth's own
+triggerers and not to the others, which run every other DAG's triggers (docs/decisions/0027).
+Airflow does the routing: with `[triggerer] queues_enabled` a deferred task's trigger carries
+its task's queue, and a triggerer started with `--queues` runs only those. Berth's tasks run on
 `BERTH_TRIGGER_QUEUE` (operators/store_access.py).
 
 Here the same shape runs for real on the embedded default's components
@@ -61,7 +61,7 @@ with DAG("plain_wait", schedule=None, is_paused_upon_creation=False):
 '''
 
 # A task that starts in the triggerer: the scheduler makes its trigger with no queue, which
-# only a triggerer started without --queues runs (docker/helm/unqueued-triggerer.yaml).
+# only a triggerer started without --queues runs (docker/chart's airflow-triggerer-unqueued).
 FROM_TRIGGER_DAG = """
 from datetime import datetime, timezone
 
