@@ -31,7 +31,7 @@ from typing import Any
 from berth.trigger_queue import trigger_queue
 
 STORE_URL = "BERTH_STORE_URL"
-# The ServiceAccount of Berth's own task pods (docker/rbac/berth-runtime.yaml): the run task
+# The ServiceAccount of Berth's own task pods (docker/chart/templates/rbac.yaml): the run task
 # launches gangs in the team namespaces. The pod template's, for every other task, has no rights.
 RUNTIME_ACCOUNT = "berth-runtime"
 # The Secret and key the deployment keeps the URL in (docker/README.md, step 2).

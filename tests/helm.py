@@ -12,6 +12,8 @@ only `.Release` and the values it is given, so Helm's own `tpl` renders it as th
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import subprocess
 import tempfile
@@ -76,11 +78,31 @@ def render(
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
-def render_berth_chart(
-    sets: dict[str, str] | None = None, values: tuple[Path, ...] = (VALUES,)
+@functools.cache
+def _berth_chart(
+    sets: tuple[tuple[str, str], ...], values: tuple[Path, ...], namespace: str
 ) -> list[dict[str, Any]]:
-    """Berth's chart as docker/README.md installs it: release `berth`, the Airflow values."""
-    return render(CHART, "berth", values=values, sets=sets)
+    return render(CHART, "berth", values=values, sets=dict(sets), namespace=namespace)
+
+
+def render_berth_chart(
+    sets: dict[str, str] | None = None,
+    values: tuple[Path, ...] = (VALUES,),
+    namespace: str = NAMESPACE,
+) -> list[dict[str, Any]]:
+    """Berth's chart as docker/README.md installs it: release `berth`, the Airflow values. The
+    files do not change within a session, so each render is made once (the Kubernetes tests
+    ask for the PriorityClass often); the caller gets its own copy."""
+    key = tuple(sorted((sets or {}).items()))
+    return copy.deepcopy(_berth_chart(key, values, namespace))
+
+
+def chart_object(kind: str, name: str, sets: dict[str, str] | None = None) -> dict[str, Any]:
+    """The one object of `kind` called `name` that Berth's chart renders."""
+    [doc] = [
+        d for d in render_berth_chart(sets) if d["kind"] == kind and d["metadata"]["name"] == name
+    ]
+    return doc
 
 
 _TPL_CHART = """\

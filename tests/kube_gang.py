@@ -6,10 +6,9 @@ Kubernetes runtime's tests."""
 from __future__ import annotations
 
 import datetime as dt
-from pathlib import Path
 from typing import Any
 
-import yaml
+from helm import chart_object
 from kubeapi import KubeAPI, create_once
 from kubelet_standin import MERGE_PATCH, KubeletStandin, make_node
 from kubernetes import client
@@ -18,13 +17,12 @@ from berth.runtime.kubernetes import KubeLaunch, KubernetesRuntime, KubeSettings
 from scheduling.cluster import Cluster
 from scheduling.jobs import Placement, ReplicaPlacement
 
-RBAC_YAML = Path(__file__).resolve().parents[1] / "docker" / "rbac" / "berth-runtime.yaml"
 GPU = "nvidia.com/gpu"
 
 
 def ensure_priority_class(core_client: client.ApiClient) -> None:
-    """The PriorityClass that docker/rbac/berth-runtime.yaml ships (cluster-wide, shared)."""
-    doc = next(d for d in yaml.safe_load_all(RBAC_YAML.read_text()) if d["kind"] == "PriorityClass")
+    """The PriorityClass that Berth's chart ships (cluster-wide, shared)."""
+    doc = chart_object("PriorityClass", "berth-job")
     create_once(client.SchedulingV1Api(core_client).create_priority_class, doc)
 
 

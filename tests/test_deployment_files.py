@@ -13,8 +13,16 @@ from typing import Any
 
 import pytest
 import yaml
-from helm import CHART, VALUES, HelmError, helm, render_berth_chart, render_pod_template
-from test_kube_manifests import RBAC, README, REPO, SCHEDULER_RBAC, parse_dockerfile
+from helm import (
+    CHART,
+    VALUES,
+    HelmError,
+    chart_object,
+    helm,
+    render_berth_chart,
+    render_pod_template,
+)
+from test_kube_manifests import README, REPO, parse_dockerfile
 
 from berth.runtime.kubernetes.config import KubeConfig, load_kube_config
 from berth.runtime.kubernetes.labels import DEFAULT_TOLERATIONS, TopologyLabels
@@ -26,11 +34,8 @@ from operators.store_access import STORE_KEY, STORE_SECRET
 
 
 def rbac_service_account(name: str = "berth-runtime") -> dict[str, Any]:
-    """The metadata of the ServiceAccount `name` that docker/rbac/berth-runtime.yaml makes."""
-    docs = yaml.safe_load_all(RBAC.read_text())
-    return next(d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == name)[
-        "metadata"
-    ]
+    """The metadata of the ServiceAccount `name` that Berth's chart makes."""
+    return chart_object("ServiceAccount", name)["metadata"]
 
 
 def image_env() -> dict[str, str]:
@@ -62,8 +67,7 @@ def test_the_pod_template_is_what_the_executor_and_the_runtime_need() -> None:
     assert pod["spec"]["serviceAccountName"] == task_sa["name"]
     assert pod["metadata"]["namespace"] == task_sa["namespace"]
     assert "automountServiceAccountToken" not in pod["spec"]  # the account's `false` holds
-    task_doc = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["metadata"] == task_sa)
-    assert task_doc["automountServiceAccountToken"] is False
+    assert chart_object("ServiceAccount", "berth-task")["automountServiceAccountToken"] is False
 
     env = {e["name"]: e for e in base["env"]}
     assert env["BERTH_RUNTIME"]["value"] == "kubernetes"
@@ -103,12 +107,9 @@ def test_the_helm_values_set_what_the_chart_reads() -> None:
     assert values["triggerer"].get("serviceAccount", {}).get("name") != sa["name"]
     assert values["config"]["triggerer"]["queues_enabled"] == "True"
     # The chart's pod-launching Role would go to the workers' and triggerer's accounts too:
-    # off, and the scheduler's account is the one docker/rbac/airflow-scheduler.yaml binds.
+    # off, and the scheduler's account is the one Berth's chart binds to its Role.
     assert values["allowPodLaunching"] is False
-    binding = next(
-        d for d in yaml.safe_load_all(SCHEDULER_RBAC.read_text()) if d["kind"] == "RoleBinding"
-    )
-    [subject] = binding["subjects"]
+    [subject] = chart_object("RoleBinding", "airflow-executor")["subjects"]
     assert values["scheduler"]["serviceAccount"] == {"create": True, "name": subject["name"]}
     assert subject["namespace"] == rbac_service_account()["namespace"]
     default_queue = values["config"].get("operators", {}).get("default_queue", "default")
@@ -225,10 +226,8 @@ def test_the_unqueued_triggerers_run_triggers_without_a_queue_and_hold_nothing_o
     assert {v["name"]: v for v in pod["volumes"]}["config"] == template_volumes["config"]
     assert {v["name"] for v in pod["volumes"]} == {"logs", "config"}  # not Berth's volumes
     # An admin who runs no queue-less triggers may leave them out.
-    names = {
-        d["metadata"]["name"] for d in render_berth_chart({"triggerers.unqueued.enabled": "false"})
-    }
-    assert names == {"berth-triggerer"}
+    without = render_berth_chart({"triggerers.unqueued.enabled": "false"})
+    assert set(_workloads(without)) == {"berth-triggerer"}
 
 
 def _images(docs: list[dict[str, Any]]) -> set[str]:
@@ -306,9 +305,6 @@ def test_the_readme_installs_both_charts_with_one_values_file() -> None:
     after = text[command.end() :].lstrip().splitlines()[0]
     chart, values = CHART.relative_to(REPO), VALUES.relative_to(REPO)
     assert after == f"helm install berth {chart} --namespace berth-system -f {values}", after
-    # The scheduler's rights before the chart (step 1), with Berth's.
-    rbac = f"kubectl apply -f {RBAC.relative_to(REPO)} -f {SCHEDULER_RBAC.relative_to(REPO)}"
-    assert rbac in text[: command.start()]
     # The chart pinned, to the version the values name.
     pinned = re.search(r"^# Chart version: (\S+) \(pinned", VALUES.read_text(), flags=re.M)
     assert pinned, "docker/helm/values.yaml does not name its chart version"

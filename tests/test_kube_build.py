@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from builder_standin import PIP_FAILED, PUSH_REFUSED, Site, registry_fixture  # noqa: F401
-from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
+from helm import chart_object
+from kubeapi import REPO, KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubernetes import client
 from oci_registry import Registry, push_image
 from test_kube_manifests import DryRun
@@ -34,10 +34,13 @@ from waiting import wait_for
 
 from berth.runtime.kubernetes.build import BuildError, BuildResult, ImageBuilder
 from berth.runtime.kubernetes.build_manifests import builder_name
+from berth.runtime.kubernetes.config import KubeConfig
 from berth.runtime.kubernetes.images import (
     BuildContext,
     tag_for,
 )
+from berth.runtime.kubernetes.team_objects import Options, team_objects
+from scheduling.config import parse_teams
 
 
 class Lines(logging.Handler):
@@ -237,29 +240,32 @@ def test_a_restricted_namespace_refuses_the_builder_and_says_how_to_allow_it(
     assert site.builders() == [] and site.config_maps() == []
 
 
-# --- least privilege: docker/rbac/berth-builder.yaml with a ServiceAccount token ----------------
-
-REPO = Path(__file__).resolve().parents[1]
-BUILDER_RBAC = REPO / "docker" / "rbac" / "berth-builder.yaml"
+# --- least privilege: the builder's role of Berth's chart, with a ServiceAccount token ----------
 
 
 def builder_rbac(kube: KubeAPI, team_namespace: str) -> tuple[str, list[dict[str, Any]]]:
-    """The shipped YAML with names made unique to this test (the server is shared): the
-    ClusterRole gets a suffix, the RoleBinding goes to `team_namespace`, its subject to a new
-    system namespace with the `berth-runtime` ServiceAccount. Returns that namespace and docs."""
+    """The ClusterRole `berth-builder-team` that Berth's chart renders with builds.enabled, and
+    the RoleBinding `berth kube manifests --builds` makes for it in `team_namespace`, with names
+    made unique to this test (the server is shared): the ClusterRole gets a suffix, the
+    binding's subject is the `berth-runtime` ServiceAccount of a new system namespace. Returns
+    that namespace and the two objects."""
     suffix = kube.unique_name("builder")
     system = kube.create_namespace("berth-system")
     kube.create_service_account(system, "berth-runtime")
-    docs = list(yaml.safe_load_all(BUILDER_RBAC.read_text()))
-    for doc in docs:
-        meta = doc["metadata"]
-        if doc["kind"] == "ClusterRole":
-            meta["name"] = f"{meta['name']}-{suffix}"
-        else:
-            meta["namespace"] = team_namespace
-            doc["roleRef"]["name"] = f"{doc['roleRef']['name']}-{suffix}"
-            doc["subjects"] = [{**s, "namespace": system} for s in doc["subjects"]]
-    return system, docs
+    role = chart_object("ClusterRole", "berth-builder-team", {"builds.enabled": "true"})
+    role["metadata"]["name"] = f"berth-builder-team-{suffix}"
+    [binding] = [  # what `berth kube manifests --builds` binds where builds run
+        d
+        for d in team_objects(
+            parse_teams({"teams": [{"name": "t", "nominal": {"gpus": 1}}]}),
+            KubeConfig.model_validate({"pods": {"team_namespaces": {"t": team_namespace}}}),
+            {},
+            Options(builds=True, system_namespace=system),
+        ).objects
+        if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "berth-builder"
+    ]
+    binding["roleRef"]["name"] = role["metadata"]["name"]
+    return system, [role, binding]
 
 
 def test_the_shipped_builder_rbac_builds_and_allows_nothing_more(
@@ -304,7 +310,7 @@ def test_the_shipped_builder_rbac_builds_and_allows_nothing_more(
             call()
         assert no.value.status == 403, no.value.body
     with pytest.raises(
-        BuildError, match=r"bind the ClusterRole of docker/rbac/berth-builder\.yaml"
+        BuildError, match=r"bind the ClusterRole berth-builder-team there \(Berth's chart"
     ):
         ImageBuilder(token, site.settings.model_copy(update={"namespace": elsewhere})).ensure(
             site.context("other==1.0"), site.team

@@ -33,8 +33,6 @@ from kubernetes import client, dynamic
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
-RBAC = DOCKER / "rbac" / "berth-runtime.yaml"
-SCHEDULER_RBAC = DOCKER / "rbac" / "airflow-scheduler.yaml"
 VALUES = DOCKER / "helm" / "values.yaml"
 README = DOCKER / "README.md"
 DECISIONS = REPO / "docs" / "decisions"
@@ -88,13 +86,12 @@ def shipped_manifests() -> list[Manifest]:
 
 def test_the_manifests_found_are_the_ones_shipped() -> None:
     found = {(m.source, m.doc["kind"], m.doc["metadata"]["name"]) for m in shipped_manifests()}
-    rbac = "docker/rbac/berth-runtime.yaml"
-    assert (rbac, "ServiceAccount", "berth-runtime") in found
-    assert (rbac, "PriorityClass", "berth-job") in found
+    assert ("docker/chart", "ServiceAccount", "berth-runtime") in found
+    assert ("docker/chart", "PriorityClass", "berth-job") in found
+    assert ("docker/chart", "RoleBinding", "airflow-executor") in found
     assert (POD_TEMPLATE_SOURCE, "Pod", "placeholder-name") in found
     assert ("docker/chart", "StatefulSet", "berth-triggerer") in found
     assert ("docker/chart", "StatefulSet", "airflow-triggerer-unqueued") in found
-    assert ("docker/rbac/airflow-scheduler.yaml", "RoleBinding", "airflow-executor") in found
     # The walkthrough's own objects (MLflow) are checked like the files; the team namespaces
     # are `berth kube manifests`'s (tests/test_kube_team_objects.py).
     assert {k for s, k, _ in found if s.startswith("docker/README.md")} >= {

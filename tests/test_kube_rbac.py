@@ -1,19 +1,19 @@
-"""docker/rbac/berth-runtime.yaml applied to a real kube-apiserver (RBAC authorization only):
-the runtime, with a token of its ServiceAccount, discovers the cluster, launches (exact GPUs
-through ResourceClaims that it allocates itself on a node whose GPUs a DRA driver publishes,
-per-node requests on the other), polls, reads logs (as far as a server without a kubelet
-allows), watches its pods, Services and the nodes, stops, reattaches, cleans up, stages data
-with a staging pod and mounts the team's data volume; and it is refused what it has no
-business doing."""
+"""Berth's chart's RBAC (docker/chart/templates/rbac.yaml, as Helm renders it) applied to a real
+kube-apiserver (RBAC authorization only): the runtime, with a token of its ServiceAccount,
+discovers the cluster, launches (exact GPUs through ResourceClaims that it allocates itself on a
+node whose GPUs a DRA driver publishes, per-node requests on the other), polls, reads logs (as
+far as a server without a kubelet allows), watches its pods, Services and the nodes, stops,
+reattaches, cleans up, stages data with a staging pod and mounts the team's data volume; and it
+is refused what it has no business doing."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-import yaml
 from dra_standin import GPU_DRIVER, ensure_device_class, publish_gpus
-from kube_gang import RBAC_YAML, Gang, ensure_priority_class
+from helm import render_berth_chart
+from kube_gang import Gang, ensure_priority_class
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubernetes import client
 from test_kube_volumes import create_data_claim
@@ -23,45 +23,51 @@ from berth.runtime.base import LaunchError
 from berth.runtime.kubernetes import LogsUnavailable
 from berth.runtime.kubernetes.watch import ClusterWatch
 
-SCHEDULER_RBAC = RBAC_YAML.parent / "airflow-scheduler.yaml"
+WORKLOADS = ("Service", "StatefulSet")  # the triggerers: not RBAC
 
 
-def apply_rbac(kube: KubeAPI, team_namespace: str) -> str:
-    """Apply the shipped YAML with names made unique to this test (the server is shared): the
-    system namespace and cluster-wide names get a suffix, and the example team namespace
-    becomes `team_namespace` (which exists). Returns the ServiceAccount's namespace."""
+def apply_rbac(kube: KubeAPI, team_namespace: str, sets: dict[str, str] | None = None) -> str:
+    """Berth's chart's RBAC, rendered for a new system namespace (the server is shared, so the
+    release's namespace is unique to the test, and the cluster-wide names get a suffix), applied
+    for real; and the RoleBinding `berth kube manifests` makes in `team_namespace` (which
+    exists; tests/test_kube_team_objects.py checks those). Returns the system namespace."""
     suffix = kube.unique_name("rbac")
-    system = f"berth-system-{suffix}"
-    renames = {"berth-system": system, "berth-example": team_namespace}
+    system = kube.create_namespace("berth-system")
     rbac = client.RbacAuthorizationV1Api(kube.admin)
-    for doc in yaml.safe_load_all(RBAC_YAML.read_text()):
+    create: dict[str, Any] = {
+        "ServiceAccount": lambda d: kube.core.create_namespaced_service_account(
+            d["metadata"]["namespace"], d
+        ),
+        "ClusterRole": rbac.create_cluster_role,
+        "ClusterRoleBinding": rbac.create_cluster_role_binding,
+        "Role": lambda d: rbac.create_namespaced_role(d["metadata"]["namespace"], d),
+        "RoleBinding": lambda d: rbac.create_namespaced_role_binding(d["metadata"]["namespace"], d),
+    }
+    for doc in render_berth_chart(sets, namespace=system):
         meta, kind = doc["metadata"], doc["kind"]
-        if kind == "Namespace":
-            if meta["name"] == "berth-system":
-                kube.core.create_namespace({**doc, "metadata": {**meta, "name": system}})
-            continue  # the team namespace is the test's own
+        if kind in WORKLOADS:
+            continue
         if kind == "PriorityClass":
             ensure_priority_class(kube.admin)
             continue
-        if "namespace" in meta:
-            meta["namespace"] = renames[meta["namespace"]]
-        else:
+        assert meta.get("namespace", system) == system, doc  # the release's namespace
+        if "namespace" not in meta:
             meta["name"] = f"{meta['name']}-{suffix}"
-        if "roleRef" in doc:
+        if doc.get("roleRef", {}).get("kind") == "ClusterRole":
             doc["roleRef"]["name"] = f"{doc['roleRef']['name']}-{suffix}"
-        for subject in doc.get("subjects", ()):
-            subject["namespace"] = renames[subject["namespace"]]
-        create: dict[str, Any] = {
-            "ServiceAccount": lambda d: kube.core.create_namespaced_service_account(
-                d["metadata"]["namespace"], d
-            ),
-            "ClusterRole": rbac.create_cluster_role,
-            "ClusterRoleBinding": rbac.create_cluster_role_binding,
-            "RoleBinding": lambda d: rbac.create_namespaced_role_binding(
-                d["metadata"]["namespace"], d
-            ),
-        }
         create[kind](doc)
+    team_binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "berth-runtime", "namespace": team_namespace},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": f"berth-runtime-team-{suffix}",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": "berth-runtime", "namespace": system}],
+    }
+    rbac.create_namespaced_role_binding(team_namespace, team_binding)
     return system
 
 
@@ -168,7 +174,7 @@ def test_the_task_account_of_every_other_dag_can_do_nothing(kube_api: KubeAPI) -
     """`berth-task`, which the pod template gives every task of every DAG (Berth's own tasks
     name `berth-runtime` instead): refused whatever berth-runtime may do, in the team namespace
     the RoleBinding covers and cluster-wide, and its pods get no token mounted. Only Airflow's
-    scheduler (docker/rbac/airflow-scheduler.yaml) may start pods in the system namespace."""
+    scheduler (the chart's Role `airflow-executor`) may start pods in the system namespace."""
     kube = kube_api
     team_ns = kube.create_namespace("berth-team")
     system = apply_rbac(kube, team_ns)
@@ -190,18 +196,10 @@ def test_the_task_account_of_every_other_dag_can_do_nothing(kube_api: KubeAPI) -
     assert runtime.list_namespaced_pod(team_ns).items == []
     assert runtime.list_node() is not None
 
-    # Airflow's scheduler, with docker/rbac/airflow-scheduler.yaml (the values turn the chart's
-    # own pod-launching Role off), starts the tasks' pods in the system namespace; a task's
-    # account cannot start one there (which could mount the store's Secret).
-    rbac = client.RbacAuthorizationV1Api(kube.admin)
-    for doc in yaml.safe_load_all(SCHEDULER_RBAC.read_text()):
-        doc["metadata"]["namespace"] = system
-        for subject in doc.get("subjects", ()):
-            subject["namespace"] = system
-        if doc["kind"] == "Role":
-            rbac.create_namespaced_role(system, doc)
-        else:
-            rbac.create_namespaced_role_binding(system, doc)
+    # Airflow's scheduler, with the chart's Role `airflow-executor` (the values turn the Airflow
+    # chart's own pod-launching Role off), starts the tasks' pods in the system namespace; a
+    # task's account cannot start one there (which could mount the store's Secret). The Airflow
+    # chart makes the scheduler's account (the values' `scheduler.serviceAccount`).
     kube.create_service_account(system, "airflow-scheduler")
     scheduler_api = kube.service_account_client(system, "airflow-scheduler")
     scheduler = client.CoreV1Api(scheduler_api)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helm import chart_object
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubernetes import client, dynamic
 from typer.testing import CliRunner
@@ -19,8 +20,6 @@ from berth.runtime.kubernetes.team_objects import Options, TeamObjectsError, tea
 from scheduling.config import parse_teams
 
 REPO = Path(__file__).resolve().parents[1]
-RBAC_YAML = REPO / "docker" / "rbac" / "berth-runtime.yaml"
-BUILDER_YAML = REPO / "docker" / "rbac" / "berth-builder.yaml"
 PSS = "pod-security.kubernetes.io"
 BOUND = ("berth-runtime-team", "berth-builder-team")  # what the made RoleBindings name
 TEAMS = {
@@ -232,13 +231,11 @@ def server_side_apply(kube: KubeAPI, doc: dict[str, Any]) -> Any:
 
 
 def cluster_roles(kube: KubeAPI) -> None:
-    """The shipped ClusterRoles that the bindings name, for real (cluster-wide, shared by
-    the session's tests: applying them again changes nothing; the others, which a test of
-    the dry run expects absent, are left out)."""
-    for path in (RBAC_YAML, BUILDER_YAML):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc and doc["kind"] == "ClusterRole" and doc["metadata"]["name"] in BOUND:
-                server_side_apply(kube, doc)
+    """The ClusterRoles of Berth's chart that the bindings name, for real (cluster-wide,
+    shared by the session's tests: applying them again changes nothing; the others, which a
+    test of the dry run expects absent, are left out)."""
+    for name in BOUND:
+        server_side_apply(kube, chart_object("ClusterRole", name, {"builds.enabled": "true"}))
 
 
 def may(kube: KubeAPI, user: str, namespace: str, verb: str, resource: str) -> bool:

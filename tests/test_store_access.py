@@ -88,7 +88,7 @@ def test_berths_tasks_get_the_store_from_the_secret_and_a_dags_own_task_does_not
         assert env["BERTH_RUNTIME"].value == "kubernetes", task_id  # the template's, kept
         if task_id == "users_own":
             assert STORE_URL not in env
-            # The template's account, which has no rights (docker/rbac/berth-runtime.yaml).
+            # The template's account, which has no rights (Berth's chart, docker/chart).
             assert pod.spec.service_account_name == "berth-task"
             continue
         ref = env[STORE_URL].value_from.secret_key_ref

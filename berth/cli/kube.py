@@ -91,8 +91,8 @@ def manifests(
         err.print(f"[bold red]error:[/] {e}")
         raise typer.Exit(2) from None
     typer.echo(
-        f"# made by `berth kube manifests` for {len(known)} teams; apply after "
-        "docker/rbac/berth-runtime.yaml"
+        f"# made by `berth kube manifests` for {len(known)} teams; they bind "
+        "the roles of Berth's chart (docker/chart)"
     )
     typer.echo(yaml.dump_all(made.objects, Dumper=_Dumper, sort_keys=False), nl=False)
     for note in made.notes:

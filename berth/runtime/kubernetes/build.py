@@ -358,7 +358,8 @@ class ImageBuilder:
         if e.status == 403:
             return BuildError(
                 f"the builder {what} was refused in {req.namespace}: {problem}; bind the "
-                f"ClusterRole of docker/rbac/berth-builder.yaml there",
+                f"ClusterRole berth-builder-team there (Berth's chart with builds.enabled, and "
+                f"`berth kube manifests --builds`)",
                 retryable=False,
             )
         return BuildError(f"the builder {what} was refused: {problem}", retryable=e.status >= 500)

@@ -100,7 +100,7 @@ class KubeSettings(BaseModel):
 
     namespace_template: str = "berth-{team}"
     team_namespaces: dict[str, str] = Field(default_factory=dict)  # team -> namespace
-    priority_class: str | None = "berth-job"  # must exist (docker/rbac/berth-runtime.yaml)
+    priority_class: str | None = "berth-job"  # must exist (Berth's chart makes it)
     tolerations: tuple[Toleration, ...] = DEFAULT_TOLERATIONS  # as the inventory's
     gpu_resource: str = "nvidia.com/gpu"
     shared_gpu_resource: str | None = None  # e.g. 'nvidia.com/gpu.shared' (time-slicing)

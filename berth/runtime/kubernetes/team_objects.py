@@ -6,8 +6,8 @@ copy-edits by hand for every team (docker/README.md, steps 2 and 7).
   "restricted" warned and audited where the cluster's image builds run (Kaniko needs root,
   docker/README.md section 11) or where the settings turn `restricted` off;
 - there, the RoleBinding that gives Berth's ServiceAccount the ClusterRole
-  `berth-runtime-team` (docker/rbac/berth-runtime.yaml), and with builds `berth-builder-team`
-  (docker/rbac/berth-builder.yaml) where they run;
+  `berth-runtime-team` (Berth's chart, docker/chart), and with builds `berth-builder-team`
+  (the chart with `builds.enabled`) where they run;
 - the team's volumes (`data_volume`, `checkpoint_volume`): a ReadWriteMany
   PersistentVolumeClaim per claim, when a storage class is given (else they are the admin's
   to create, and `notes` says which);
@@ -117,7 +117,7 @@ def team_objects(
         out.objects.append(_binding(ns, "berth-builder", BUILDER_ROLE, options))
     if options.builds:
         out.notes.append(
-            "builds: apply docker/rbac/berth-builder.yaml first, and create the push Secret "
+            "builds: install Berth's chart with builds.enabled=true, and create the push Secret "
             f"(BERTH_BUILD_PUSH_SECRET) in {', '.join(sorted(build_in))}"
         )
     if options.storage_class is None:

@@ -294,7 +294,7 @@ def _version(obj: Any) -> str | None:
 class ClusterWatch:
     """Berth's pods in every namespace and the cluster's nodes, each kept by an `Informer`, and
     Berth's Services per team namespace, watched from the first time a gang there is followed
-    (the runtime may read Services only in team namespaces: docker/rbac/berth-runtime.yaml).
+    (the runtime may read Services only in team namespaces: docker/chart/templates/rbac.yaml).
     `changed` lets a trigger wait until one of an attempt's objects changes."""
 
     def __init__(
