@@ -288,6 +288,38 @@ def test_the_chart_without_what_it_needs_says_what_is_missing(tmp_path: Any) -> 
     assert "BERTH_STORE_URL" in str(err.value)
 
 
+def test_the_charts_own_values_are_checked_naming_the_field() -> None:
+    """Berth's values schema (docker/chart/values.schema.json): a wrong value of Berth's own
+    fails the render with its path, before anything is applied."""
+    bad = {
+        "triggerers.berth.replicas": ("0", "/triggerers/berth/replicas"),
+        "triggerers.berth.replicaz": ("2", "additional properties 'replicaz' not allowed"),
+        "airflowRelease": ("Airflow_1", "/airflowRelease"),
+        "builds.enabled": ("yes", "/builds/enabled"),
+    }
+    for key, (value, named) in bad.items():
+        with pytest.raises(HelmError) as err:
+            render_berth_chart({key: value})
+        assert named in str(err.value), (key, str(err.value))
+
+
+def test_each_triggerer_kind_loses_one_pod_at_a_time_to_a_drain() -> None:
+    docs = render_berth_chart()
+    budgets = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PodDisruptionBudget"}
+    workloads = _workloads(docs)
+    assert set(budgets) == set(workloads)
+    for name, (sts, _) in workloads.items():
+        spec = budgets[name]["spec"]
+        assert spec["maxUnavailable"] == 1
+        pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+        assert spec["selector"]["matchLabels"].items() <= pod_labels.items(), name
+    # One replica: a budget would block every drain, so there is none.
+    one = render_berth_chart({"triggerers.unqueued.replicas": "1"})
+    assert [d["metadata"]["name"] for d in one if d["kind"] == "PodDisruptionBudget"] == [
+        "berth-triggerer"
+    ]
+
+
 def test_the_chart_passes_helms_strict_lint() -> None:
     out = helm("lint", CHART, "--strict", "-f", VALUES)
     assert "0 chart(s) failed" in out
