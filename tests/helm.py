@@ -125,3 +125,19 @@ def render_pod_template(
         (chart / "templates" / "pod.yaml").write_text("{{ tpl .Values.podTemplate . }}\n")
         [pod] = render(chart, release, values=values, sets=sets)
     return pod
+
+
+# Placement values for Berth's triggerers (a node selector, a toleration, a node affinity), as an
+# admin would set them: rendered and dry-run by tests/test_deployment_files.py and
+# tests/test_kube_manifests.py.
+PLACEMENT = {
+    "triggerers.berth.nodeSelector.pool": "system",
+    "triggerers.berth.tolerations[0].key": "dedicated",
+    "triggerers.berth.tolerations[0].operator": "Exists",
+    "triggerers.berth.affinity.nodeAffinity"
+    ".requiredDuringSchedulingIgnoredDuringExecution"
+    ".nodeSelectorTerms[0].matchExpressions[0].key": "zone",
+    "triggerers.berth.affinity.nodeAffinity"
+    ".requiredDuringSchedulingIgnoredDuringExecution"
+    ".nodeSelectorTerms[0].matchExpressions[0].operator": "Exists",
+}

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from helm import (
     CHART,
+    PLACEMENT,
     VALUES,
     HelmError,
     chart_object,
@@ -318,6 +319,25 @@ def test_each_triggerer_kind_loses_one_pod_at_a_time_to_a_drain() -> None:
     assert [d["metadata"]["name"] for d in one if d["kind"] == "PodDisruptionBudget"] == [
         "berth-triggerer"
     ]
+
+
+def test_the_triggerers_spread_over_nodes_and_go_where_the_admin_says() -> None:
+    for name, (sts, _) in _workloads(render_berth_chart()).items():
+        pod = sts["spec"]["template"]
+        [spread] = pod["spec"]["topologySpreadConstraints"]
+        assert spread["topologyKey"] == "kubernetes.io/hostname"
+        assert spread["labelSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        assert not {"nodeSelector", "tolerations", "affinity"} & set(pod["spec"]), name
+    placed = _workloads(render_berth_chart(PLACEMENT))
+    spec = placed["berth-triggerer"][0]["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"pool": "system"}
+    assert spec["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    [term] = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term == {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}
+    other = placed["airflow-triggerer-unqueued"][0]["spec"]["template"]["spec"]
+    assert "nodeSelector" not in other  # each kind its own
 
 
 def test_the_chart_passes_helms_strict_lint() -> None:

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import yaml
-from helm import CHART, render_berth_chart, render_pod_template
+from helm import CHART, PLACEMENT, render_berth_chart, render_pod_template
 from hypothesis import given
 from hypothesis import strategies as st
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
@@ -231,6 +231,22 @@ def test_every_shipped_manifest_passes_a_server_side_dry_run(
     with pytest.raises(client.ApiException) as err:
         client.RbacAuthorizationV1Api(kube.admin).read_cluster_role("berth-runtime-cluster")
     assert err.value.status == 404
+
+
+def test_the_triggerers_placed_by_the_admin_pass_the_dry_run(
+    prepared: tuple[KubeAPI, dict[str, str]],
+) -> None:
+    """Placement values (node selector, tolerations, affinity) render into fields the API
+    server accepts for the pods the StatefulSet would make."""
+    kube, names = prepared
+    [sts] = [
+        d
+        for d in render_berth_chart(PLACEMENT)
+        if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "berth-triggerer"
+    ]
+    got = DryRun(kube).apply(pod_of(renamed(sts, names)))
+    assert got["spec"]["nodeSelector"] == {"pool": "system"}
+    assert got["spec"]["affinity"]["nodeAffinity"]
 
 
 def test_the_dry_run_refuses_a_pod_template_that_is_not_restricted(
