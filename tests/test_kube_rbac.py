@@ -23,7 +23,7 @@ from berth.runtime.base import LaunchError
 from berth.runtime.kubernetes import LogsUnavailable
 from berth.runtime.kubernetes.watch import ClusterWatch
 
-WORKLOADS = ("Service", "StatefulSet")  # the triggerers: not RBAC
+WORKLOADS = ("Service", "StatefulSet", "PodDisruptionBudget")  # the triggerers: not RBAC
 
 
 def apply_rbac(kube: KubeAPI, team_namespace: str, sets: dict[str, str] | None = None) -> str:
