@@ -314,7 +314,7 @@ def test_each_triggerer_kind_loses_one_pod_at_a_time_to_a_drain() -> None:
         assert spec["maxUnavailable"] == 1
         pod_labels = sts["spec"]["template"]["metadata"]["labels"]
         assert spec["selector"]["matchLabels"].items() <= pod_labels.items(), name
-    # One replica: a budget would block every drain, so there is none.
+    # One replica: a budget of one would let a drain evict it anyway, so there is none.
     one = render_berth_chart({"triggerers.unqueued.replicas": "1"})
     assert [d["metadata"]["name"] for d in one if d["kind"] == "PodDisruptionBudget"] == [
         "berth-triggerer"
