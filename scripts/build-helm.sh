@@ -21,17 +21,8 @@ if [[ "${1:-}" == "--where" ]]; then  # only say where the binary belongs; build
   exit 0
 fi
 
-if ! go_cache_lock build-helm; then
-  echo "build-helm: reusing cached helm $version" >&2
-else
-  echo "build-helm: building helm $version (cold build: minutes)..." >&2
-  start=$(date +%s)
-  # Shared 2-core machines: build at low priority. The ldflag sets what `helm version` reports.
-  (cd "$src" && nice -n 15 go build -trimpath -o "$bin.tmp" \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$version" \
-    helm.sh/helm/v3/cmd/helm)
-  mv "$bin.tmp" "$bin"
-  echo "build-helm: built in $(( $(date +%s) - start )) s, $(du -h "$bin" | cut -f1)" >&2
-fi
+# The ldflag sets what `helm version` reports.
+go_cache_build build-helm "$src" helm.sh/helm/v3/cmd/helm \
+  "-s -w -X helm.sh/helm/v3/internal/version.version=$version"
 
 echo "HELM=$bin"

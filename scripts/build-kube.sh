@@ -26,23 +26,14 @@ if [[ "${1:-}" == "--where" ]]; then  # only say where the binary belongs; build
   exit 0
 fi
 
-if ! go_cache_lock build-kube; then
-  echo "build-kube: reusing cached kube-apiserver $version" >&2
-else
-  major=${version#v}; major=${major%%.*}
-  minor=${version#v*.}; minor=${minor%%.*}
-  echo "build-kube: building kube-apiserver $version (cold build: many minutes)..." >&2
-  start=$(date +%s)
-  # Shared 2-core machines: build at low priority. The ldflags set what /version reports.
-  (cd "$src" && nice -n 15 go build -trimpath -o "$bin.tmp" \
-    -ldflags "-s -w \
-      -X k8s.io/component-base/version.gitVersion=$version \
-      -X k8s.io/component-base/version.gitMajor=$major \
-      -X k8s.io/component-base/version.gitMinor=$minor \
-      -X k8s.io/component-base/version.gitTreeState=clean" .)
-  mv "$bin.tmp" "$bin"
-  echo "build-kube: built in $(( $(date +%s) - start )) s, $(du -h "$bin" | cut -f1)" >&2
-fi
+# The ldflags set what /version reports.
+major=${version#v}; major=${major%%.*}
+minor=${version#v*.}; minor=${minor%%.*}
+go_cache_build build-kube "$src" . "-s -w \
+  -X k8s.io/component-base/version.gitVersion=$version \
+  -X k8s.io/component-base/version.gitMajor=$major \
+  -X k8s.io/component-base/version.gitMinor=$minor \
+  -X k8s.io/component-base/version.gitTreeState=clean"
 
 if ! command -v etcd >/dev/null; then
   echo "build-kube: installing Debian's etcd-server..." >&2

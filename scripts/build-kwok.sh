@@ -24,16 +24,6 @@ if [[ "${1:-}" == "--where" ]]; then  # only say where the binary belongs; build
   exit 0
 fi
 
-if ! go_cache_lock build-kwok; then
-  echo "build-kwok: reusing cached kwok $version" >&2
-else
-  echo "build-kwok: building kwok $version (cold build: minutes)..." >&2
-  start=$(date +%s)
-  # Shared 2-core machines: build at low priority.
-  (cd "$src" && nice -n 15 go build -trimpath -ldflags "-s -w" -o "$bin.tmp" \
-    sigs.k8s.io/kwok/cmd/kwok)
-  mv "$bin.tmp" "$bin"
-  echo "build-kwok: built in $(( $(date +%s) - start )) s, $(du -h "$bin" | cut -f1)" >&2
-fi
+go_cache_build build-kwok "$src" sigs.k8s.io/kwok/cmd/kwok "-s -w"
 
 echo "KWOK=$bin"

@@ -23,15 +23,6 @@ if [[ "${1:-}" == "--where" ]]; then  # only say where the binary belongs; build
   exit 0
 fi
 
-if ! go_cache_lock build-registry; then
-  echo "build-registry: reusing cached registry $version" >&2
-else
-  echo "build-registry: building go-containerregistry's registry $version..." >&2
-  start=$(date +%s)
-  # Shared 2-core machines: build at low priority.
-  (cd "$src" && nice -n 15 go build -trimpath -ldflags "-s -w" -o "$bin.tmp" .)
-  mv "$bin.tmp" "$bin"
-  echo "build-registry: built in $(( $(date +%s) - start )) s, $(du -h "$bin" | cut -f1)" >&2
-fi
+go_cache_build build-registry "$src" . "-s -w"
 
 echo "REGISTRY=$bin"

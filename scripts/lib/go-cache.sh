@@ -1,7 +1,8 @@
-# Sourced by scripts/build-kube.sh and scripts/build-registry.sh: a Go binary built from a pinned
-# module in tools/<name>/ and cached under <cache>/<version>-<hash>/, where the hash covers the
-# module's go.mod, go.sum and main.go, so a changed pin builds anew, never a stale binary. The
-# tests compute the same path (tests/kubeapi.py, tests/oci_registry.py: keep them in step).
+# Sourced by scripts/build-kube.sh, build-registry.sh, build-kwok.sh and build-helm.sh: a Go
+# binary built from a pinned module in tools/<name>/ and cached under
+# <cache>/<version>-<hash>/, where the hash covers the module's go.mod, go.sum and main.go, so
+# a changed pin builds anew, never a stale binary. The tests compute the same path
+# (tests/go_binaries.py: keep them in step).
 
 export PATH="/usr/local/go/bin:$PATH"
 # The go directive in go.mod is met by the installed Go; never let Go fetch a toolchain.
@@ -39,4 +40,21 @@ go_cache_lock() {
     exit 1
   fi
   return 0
+}
+
+# go_cache_build TAG SRC PACKAGE LDFLAGS: the binary `bin` (go_cache_locate's), reused when
+# cached, else built from PACKAGE (`.`: SRC's own main package) in the module SRC, at low
+# priority (shared 2-core machines) and into place only once whole.
+go_cache_build() {
+  local tag=$1 src=$2 package=$3 ldflags=$4 name start
+  name=$(basename "$bin")
+  if ! go_cache_lock "$tag"; then
+    echo "$tag: reusing cached $name $version" >&2
+    return 0
+  fi
+  echo "$tag: building $name $version (cold build: minutes)..." >&2
+  start=$(date +%s)
+  (cd "$src" && nice -n 15 go build -trimpath -ldflags "$ldflags" -o "$bin.tmp" "$package")
+  mv "$bin.tmp" "$bin"
+  echo "$tag: built in $(( $(date +%s) - start )) s, $(du -h "$bin" | cut -f1)" >&2
 }
