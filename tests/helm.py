@@ -112,19 +112,28 @@ version: 0.0.0
 """
 
 
-def render_pod_template(
-    sets: dict[str, str] | None = None,
-    values: tuple[Path, ...] = (VALUES,),
-    release: str = "airflow",
+@functools.cache
+def _pod_template(
+    sets: tuple[tuple[str, str], ...], values: tuple[Path, ...], release: str
 ) -> dict[str, Any]:
-    """The Pod the Airflow chart makes of `podTemplate` for the release `release`."""
     with tempfile.TemporaryDirectory(prefix="berth-tpl-chart-") as tmp:
         chart = Path(tmp)
         (chart / "Chart.yaml").write_text(_TPL_CHART)
         (chart / "templates").mkdir()
         (chart / "templates" / "pod.yaml").write_text("{{ tpl .Values.podTemplate . }}\n")
-        [pod] = render(chart, release, values=values, sets=sets)
+        [pod] = render(chart, release, values=values, sets=dict(sets))
     return pod
+
+
+def render_pod_template(
+    sets: dict[str, str] | None = None,
+    values: tuple[Path, ...] = (VALUES,),
+    release: str = "airflow",
+) -> dict[str, Any]:
+    """The Pod the Airflow chart makes of `podTemplate` for the release `release` (rendered once
+    per session, as Berth's chart; the caller gets its own copy)."""
+    key = tuple(sorted((sets or {}).items()))
+    return copy.deepcopy(_pod_template(key, values, release))
 
 
 # Placement values for Berth's triggerers (a node selector, a toleration, a node affinity), as an

@@ -14,7 +14,10 @@ from kubelet_standin import MERGE_PATCH, KubeletStandin, make_node
 from kubernetes import client
 
 from berth.runtime.kubernetes import KubeLaunch, KubernetesRuntime, KubeSettings, discover_cluster
+from berth.runtime.kubernetes.config import KubeConfig
+from berth.runtime.kubernetes.team_objects import Options, team_objects
 from scheduling.cluster import Cluster
+from scheduling.config import parse_teams
 from scheduling.jobs import Placement, ReplicaPlacement
 
 GPU = "nvidia.com/gpu"
@@ -24,6 +27,22 @@ def ensure_priority_class(core_client: client.ApiClient) -> None:
     """The PriorityClass that Berth's chart ships (cluster-wide, shared)."""
     doc = chart_object("PriorityClass", "berth-job")
     create_once(client.SchedulingV1Api(core_client).create_priority_class, doc)
+
+
+def team_binding(team_namespace: str, system: str, name: str) -> dict[str, Any]:
+    """The RoleBinding `name` (`berth-runtime`, or `berth-builder` where builds run) that
+    `berth kube manifests --builds` makes in `team_namespace` for the ServiceAccount of the
+    system namespace `system`."""
+    made = team_objects(
+        parse_teams({"teams": [{"name": "t", "nominal": {"gpus": 1}}]}),
+        KubeConfig.model_validate({"pods": {"team_namespaces": {"t": team_namespace}}}),
+        {},
+        Options(builds=True, system_namespace=system),
+    )
+    [binding] = [
+        d for d in made.objects if d["kind"] == "RoleBinding" and d["metadata"]["name"] == name
+    ]
+    return binding
 
 
 class Clock:

@@ -1,9 +1,10 @@
 """The Helm values (docker/helm/values.yaml, with the pod template of every Airflow task) and
-Berth's chart (docker/chart: Berth's triggerers), rendered with a real Helm (tests/helm.py): what
-the KubernetesExecutor, the Airflow chart and Berth's runtime read from them, and that one change
-in the values reaches every pod, with nothing copied by hand. The rendered objects also pass the
-server-side dry run of tests/test_kube_manifests.py. The Apache Airflow chart itself cannot be
-downloaded here: its values' keys were written against its schema, not rendered by it.
+Berth's chart (docker/chart: Berth's RBAC and triggerers), rendered with a real Helm
+(tests/helm.py): what the KubernetesExecutor, the Airflow chart and Berth's runtime read from
+them, and that one change in the values reaches every pod, with nothing copied by hand. The
+rendered objects also pass the server-side dry run of tests/test_kube_manifests.py. The Apache
+Airflow chart itself cannot be downloaded here: its values' keys were written against its
+schema, not rendered by it.
 """
 
 from __future__ import annotations

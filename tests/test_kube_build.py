@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from builder_standin import PIP_FAILED, PUSH_REFUSED, Site, registry_fixture  # noqa: F401
 from helm import chart_object
+from kube_gang import team_binding
 from kubeapi import REPO, KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubernetes import client
 from oci_registry import Registry, push_image
@@ -34,13 +35,10 @@ from waiting import wait_for
 
 from berth.runtime.kubernetes.build import BuildError, BuildResult, ImageBuilder
 from berth.runtime.kubernetes.build_manifests import builder_name
-from berth.runtime.kubernetes.config import KubeConfig
 from berth.runtime.kubernetes.images import (
     BuildContext,
     tag_for,
 )
-from berth.runtime.kubernetes.team_objects import Options, team_objects
-from scheduling.config import parse_teams
 
 
 class Lines(logging.Handler):
@@ -254,16 +252,7 @@ def builder_rbac(kube: KubeAPI, team_namespace: str) -> tuple[str, list[dict[str
     kube.create_service_account(system, "berth-runtime")
     role = chart_object("ClusterRole", "berth-builder-team", {"builds.enabled": "true"})
     role["metadata"]["name"] = f"berth-builder-team-{suffix}"
-    [binding] = [  # what `berth kube manifests --builds` binds where builds run
-        d
-        for d in team_objects(
-            parse_teams({"teams": [{"name": "t", "nominal": {"gpus": 1}}]}),
-            KubeConfig.model_validate({"pods": {"team_namespaces": {"t": team_namespace}}}),
-            {},
-            Options(builds=True, system_namespace=system),
-        ).objects
-        if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "berth-builder"
-    ]
+    binding = team_binding(team_namespace, system, "berth-builder")
     binding["roleRef"]["name"] = role["metadata"]["name"]
     return system, [role, binding]
 

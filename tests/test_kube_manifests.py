@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import yaml
-from helm import CHART, PLACEMENT, render_berth_chart, render_pod_template
+from helm import CHART, PLACEMENT, chart_object, render_berth_chart, render_pod_template
 from hypothesis import given
 from hypothesis import strategies as st
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
@@ -239,11 +239,7 @@ def test_the_triggerers_placed_by_the_admin_pass_the_dry_run(
     """Placement values (node selector, tolerations, affinity) render into fields the API
     server accepts for the pods the StatefulSet would make."""
     kube, names = prepared
-    [sts] = [
-        d
-        for d in render_berth_chart(PLACEMENT)
-        if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "berth-triggerer"
-    ]
+    sts = chart_object("StatefulSet", "berth-triggerer", PLACEMENT)
     got = DryRun(kube).apply(pod_of(renamed(sts, names)))
     assert got["spec"]["nodeSelector"] == {"pool": "system"}
     assert got["spec"]["affinity"]["nodeAffinity"]

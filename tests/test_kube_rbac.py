@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from dra_standin import GPU_DRIVER, ensure_device_class, publish_gpus
 from helm import render_berth_chart
-from kube_gang import Gang, ensure_priority_class
+from kube_gang import Gang, ensure_priority_class, team_binding
 from kubeapi import KubeAPI, kube_api  # noqa: F401 (the session fixture)
 from kubernetes import client
 from test_kube_volumes import create_data_claim
@@ -23,10 +23,8 @@ from berth.runtime.base import LaunchError
 from berth.runtime.kubernetes import LogsUnavailable
 from berth.runtime.kubernetes.watch import ClusterWatch
 
-WORKLOADS = ("Service", "StatefulSet", "PodDisruptionBudget")  # the triggerers: not RBAC
 
-
-def apply_rbac(kube: KubeAPI, team_namespace: str, sets: dict[str, str] | None = None) -> str:
+def apply_rbac(kube: KubeAPI, team_namespace: str) -> str:
     """Berth's chart's RBAC, rendered for a new system namespace (the server is shared, so the
     release's namespace is unique to the test, and the cluster-wide names get a suffix), applied
     for real; and the RoleBinding `berth kube manifests` makes in `team_namespace` (which
@@ -43,31 +41,20 @@ def apply_rbac(kube: KubeAPI, team_namespace: str, sets: dict[str, str] | None =
         "Role": lambda d: rbac.create_namespaced_role(d["metadata"]["namespace"], d),
         "RoleBinding": lambda d: rbac.create_namespaced_role_binding(d["metadata"]["namespace"], d),
     }
-    for doc in render_berth_chart(sets, namespace=system):
+    ensure_priority_class(kube.admin)
+    for doc in render_berth_chart(namespace=system):
         meta, kind = doc["metadata"], doc["kind"]
-        if kind in WORKLOADS:
-            continue
-        if kind == "PriorityClass":
-            ensure_priority_class(kube.admin)
-            continue
+        if kind != "ServiceAccount" and not doc["apiVersion"].startswith("rbac.authorization"):
+            continue  # the triggerers, their budgets, the PriorityClass (shared, above)
         assert meta.get("namespace", system) == system, doc  # the release's namespace
         if "namespace" not in meta:
             meta["name"] = f"{meta['name']}-{suffix}"
         if doc.get("roleRef", {}).get("kind") == "ClusterRole":
             doc["roleRef"]["name"] = f"{doc['roleRef']['name']}-{suffix}"
         create[kind](doc)
-    team_binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": "berth-runtime", "namespace": team_namespace},
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "ClusterRole",
-            "name": f"berth-runtime-team-{suffix}",
-        },
-        "subjects": [{"kind": "ServiceAccount", "name": "berth-runtime", "namespace": system}],
-    }
-    rbac.create_namespaced_role_binding(team_namespace, team_binding)
+    binding = team_binding(team_namespace, system, "berth-runtime")
+    binding["roleRef"]["name"] = f"{binding['roleRef']['name']}-{suffix}"
+    rbac.create_namespaced_role_binding(team_namespace, binding)
     return system
 
 
