@@ -24,8 +24,10 @@ and nothing secret is written into a DAG or a trigger's serialized kwargs:
 - `BERTH_TRIGGER_QUEUE`: the Airflow queue of Berth's tasks, and so of their triggers, read
   when a DAG file is parsed (operators/store_access.py); with `[triggerer] queues_enabled`
   only triggerers started with `--queues <it>` run Berth's triggers (unset: Airflow's default
-  queue, as on the embedded default). The Kubernetes and local executors ignore a task's queue
-  otherwise; under Celery it would also route Berth's tasks to that queue's workers.
+  queue, as on the embedded default). Set, Berth's steps do their work in those triggerers and
+  their tasks reach no store (operators/step_trigger.py, docs/decisions/0030). The Kubernetes
+  and local executors ignore a task's queue otherwise; under Celery it would also route
+  Berth's tasks to that queue's workers.
 - `BERTH_KUBE_SETTINGS` (Kubernetes only): a YAML of how pods look (namespaces, tolerations,
   the data volume, DRA), which node labels give the topology and which nodes are Berth's
   (berth/runtime/kubernetes/config.py); unset: the defaults.

@@ -9,12 +9,11 @@ the cycle pollers reap, so the DAG has no schedule there (trigger it by hand if 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG
 
 from operators.context import settings
-from operators.store_access import store_pod_override
+from operators.steps import SweepOperator
 
 ON_KUBERNETES = settings().runtime_kind == "kubernetes"
 
@@ -27,11 +26,5 @@ with DAG(
     tags=["berth"],
     doc_md=__doc__,
 ) as dag:
-    # The store's URL and Berth's account, on Kubernetes. It never defers: Airflow's default queue.
-    @task(retries=0, executor_config=store_pod_override())
-    def sweep() -> dict[str, Any]:
-        from operators.maintenance import sweep as sweep_now
-
-        return sweep_now(settings())
-
-    sweep()
+    # Berth's own task: where Berth's tasks have a queue, its work runs in Berth's triggerer.
+    SweepOperator(task_id="sweep")

@@ -60,8 +60,11 @@ def job_id_for(context: Mapping[str, Any], run_task_id: str, name: str) -> str:
     return f"{slug}-{digest}"
 
 
-def labels_for(context: Mapping[str, Any], run_task_id: str) -> dict[str, str]:
-    """Where the job came from, for on-call reading the store."""
+def labels_for(
+    context: Mapping[str, Any], run_task_id: str, user: str | None = None
+) -> dict[str, str]:
+    """Where the job came from, for on-call reading the store; `user`: who triggered the run,
+    when the context has no `dag_run` to say so (a step run in Berth's triggerer)."""
     ti = context["ti"]
     labels = {
         "dag_id": ti.dag_id,
@@ -70,15 +73,36 @@ def labels_for(context: Mapping[str, Any], run_task_id: str) -> dict[str, str]:
         "map_index": str(getattr(ti, "map_index", -1)),
         "try_number": str(ti.try_number),
     }
-    user = user_of(context.get("dag_run"))
+    user = user_of(context.get("dag_run")) or user
     if user is not None:
         labels["triggered_by"] = user
     return labels
 
 
-def check_team_access(s: BerthSettings, team: str, context: Mapping[str, Any]) -> None:
-    """Fail the task at once (no retry can help) when the user who triggered the run may not
-    use the job's team (BERTH_ACCESS, berth/access.py): before anything is queued."""
-    refusal = check(s.access(), user_of(context.get("dag_run")), team)
+def check_team_access(s: BerthSettings, team: str, user: str | None) -> None:
+    """Fail the task at once (no retry can help) when the user who triggered the run
+    (`user_of(dag_run)`) may not use the job's team (BERTH_ACCESS, berth/access.py): before
+    anything is queued."""
+    refusal = check(s.access(), user, team)
     if refusal is not None:
         raise AirflowFailException(refusal)
+
+
+def launch_args(
+    spec: SpecArg,
+    context: Mapping[str, Any],
+    run_task_id: str,
+    prepare_task_id: str | None,
+    stage_task_id: str | None,
+) -> dict[str, Any]:
+    """The plain arguments of the wait and run tasks' steps (operators/run_work.py): the spec
+    as the task rendered it, who triggered the run, the run task, and the prepare and stage
+    steps' XComs (None: the step prepares or stages itself)."""
+    ti = context["ti"]
+    return {
+        "spec": raw_spec(spec, context),
+        "user": user_of(context.get("dag_run")),
+        "run_task_id": run_task_id,
+        "prepared": ti.xcom_pull(task_ids=prepare_task_id) if prepare_task_id else None,
+        "staged": ti.xcom_pull(task_ids=stage_task_id) if stage_task_id else None,
+    }

@@ -7,7 +7,8 @@
   keeping time) are deleted (`KubernetesRuntime.cleanup_orphans`). A finished attempt is kept
   `keep_s` (an hour by default) after its last replica ended, so on-call can still read it.
 
-`dags/berth_maintenance.py` runs `sweep` every ten minutes on Kubernetes.
+`dags/berth_maintenance.py` runs `sweep` every ten minutes on Kubernetes (operators.steps'
+SweepOperator: in Berth's triggerer there, decision 0030).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ KEEP_S = 3600.0
 log = logging.getLogger(__name__)
 
 
-def sweep(s: BerthSettings, *, keep_s: float = KEEP_S) -> dict[str, Any]:
+def sweep(s: BerthSettings, *, keep_s: float = KEEP_S, log: logging.Logger = log) -> dict[str, Any]:
     """Reap the store, then delete orphaned Kubernetes objects; returns what was done."""
     if not keep_s >= 0:
         raise ValueError(f"keep_s: must be >= 0 seconds, got {keep_s!r}")

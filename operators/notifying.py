@@ -52,18 +52,39 @@ class JobMoment:
 
     @classmethod
     def of(cls, event: str, st: JobStatus, detail: str, eta: float | None = None) -> JobMoment:
+        return cls.from_job(event, job_fields(st), detail, eta)
+
+    @classmethod
+    def from_job(
+        cls, event: str, job: Mapping[str, Any], detail: str, eta: float | None = None
+    ) -> JobMoment:
+        """From `job_fields(st)`, which travels in a trigger's or a step's event: the task
+        that notifies may not reach the store (docs/decisions/0030)."""
         assert event in EVENTS, event
         return cls(
             event=event,
-            job_id=st.id,
-            name=st.name,
-            team=st.team,
-            attempt=st.attempt,
+            job_id=str(job["job_id"]),
+            name=str(job["name"]),
+            team=str(job["team"]),
+            attempt=int(job["attempt"]),
             detail=detail,
-            reason=st.reason_code if st.state == "queued" else None,
-            position=st.position if st.state == "queued" else None,
+            reason=job.get("reason"),
+            position=job.get("position"),
             eta=None if eta is None else datetime.fromtimestamp(eta, UTC).isoformat(),
         )
+
+
+def job_fields(st: JobStatus) -> dict[str, Any]:
+    """What a notification says of the job, as plain data."""
+    queued = st.state == "queued"
+    return {
+        "job_id": st.id,
+        "name": st.name,
+        "team": st.team,
+        "attempt": st.attempt,
+        "reason": st.reason_code if queued else None,
+        "position": st.position if queued else None,
+    }
 
 
 def notify(notifiers: Sequence[Any], context: Mapping[str, Any], moment: JobMoment) -> int:

@@ -97,23 +97,19 @@ def failing_fast(what: str = "") -> Iterator[None]:
 
 
 def plan_launch(
-    context: Mapping[str, Any],
     spec: JobSpec,
-    prepare_task_id: str | None,
-    stage_task_id: str | None,
+    prepared: Mapping[str, Any] | None,
+    staged: Mapping[str, str] | None,
     log: logging.Logger,
     task: TaskRef,
 ) -> LaunchPlan:
-    """What the launch needs: the prepare and stage steps' XComs, or, for a task used without
-    them, the environment built and the inputs staged here. What retrying cannot fix (a bad
-    requirement, a missing input, a setting) fails the task without a retry. `task`: the run
-    task the attempt belongs to (MLflow's tags and link)."""
-    ti = context["ti"]
+    """What the launch needs: the prepare and stage steps' XComs (`prepared`, `staged`), or,
+    for a task used without them (None), the environment built and the inputs staged here.
+    What retrying cannot fix (a bad requirement, a missing input, a setting) fails the task
+    without a retry. `task`: the run task the attempt belongs to (MLflow's tags and link)."""
     with failing_fast("the job cannot be prepared:\n"):
-        prepared = ti.xcom_pull(task_ids=prepare_task_id) if prepare_task_id else None
         if prepared is None:
             prepared = prepare(spec, log)
-        staged = ti.xcom_pull(task_ids=stage_task_id) if stage_task_id else None
         if staged is None:
             staged = stage(spec, log)
         if settings().runtime_kind == "kubernetes":  # the image replaces `environment`

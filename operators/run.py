@@ -1,10 +1,13 @@
 """The run task: watch the gang the wait task launched until it ends (or, alone or after a
 preemption or a failed attempt: queue the job, wait for admission and launch it here).
 
-The operator is thin (the waiting and the launch live in `operators.triggers` and
-`operators.launching`, the processes in the runtime, the decisions in the store's engine
-cycle), and it is the only place that acts on how an attempt ended, which the completion
-trigger has already recorded in the store (freeing its GPUs):
+The operator is thin: the waiting and the launch live in `operators.triggers` and
+`operators.launching`, its store work (queueing, the attempt's close in MLflow, a requeue) in
+the steps of `operators.run_work`, which run here or, where Berth's tasks have a queue of their
+own, in Berth's triggerer (decision 0030); the processes in the runtime, the decisions in the
+store's engine cycle. What the task keeps is what needs Airflow (XCom, the MLflow link, its
+notifiers, retries), acting on how an attempt ended, which the completion trigger has already
+recorded in the store (freeing its GPUs):
 
 - succeeded: collect the artifacts, close the MLflow run, return the job id and attempt;
 - failed: collect, close, raise `JobAttemptFailed`; Airflow retries it (`retries` =
@@ -19,7 +22,6 @@ trigger has already recorded in the store (freeing its GPUs):
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,30 +30,17 @@ from airflow.sdk import BaseNotifier, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
 from berth.spec import JobSpec
-from berth.store import JobStatus
-from operators.context import settings
-from operators.job import SpecArg, check_team_access, job_id_for, labels_for, resolve_spec
-from operators.launching import (
-    Launched,
-    LaunchFailed,
-    LaunchInterrupted,
-    LaunchPlan,
-    launch_attempt,
-)
+from operators.job import SpecArg, launch_args, resolve_spec
 from operators.notifying import JobMoment, check_waiting_after, notify
-from operators.preparing import plan_launch
-from operators.queueing import decide_now, queue_job
 from operators.release import release_job
 from operators.retries import JobAttemptFailed, SpecRetryPolicy, run_task_defaults
-from operators.staging import collect_attempt
+from operators.step_trigger import StepsInTriggerer, steps_in_triggerer
 from operators.store_access import with_store_access
-from operators.tracking import MlflowRunLink, TaskRef, close_attempt, push_run_url
+from operators.tracking import MlflowRunLink, push_run_url
 from operators.triggers import AdmissionTrigger, CompletionTrigger
 
-log = logging.getLogger(__name__)
 
-
-class BerthRunOperator(BaseOperator):
+class BerthRunOperator(StepsInTriggerer, BaseOperator):
     """Run one Berth job (a gang of replicas) through admission, launch and completion.
 
     :param spec: the JobSpec fields, or `"params"` to read them from the DAG run's params.
@@ -102,62 +91,17 @@ class BerthRunOperator(BaseOperator):
         self.notify_waiting_after_s = notify_waiting_after_s
         self._job_id: str | None = None
 
-    # -- first call: submit, and launch now or wait for admission -----------------------------
+    # -- the store's work is a step (operators/run_work.py): here, or in Berth's triggerer ----
 
     def execute(self, context: Context) -> Any:
-        s = settings()
-        spec = resolve_spec(self.spec, context, cluster=s.cluster(), teams=s.teams())
-        check_team_access(s, spec.team, context)  # also here: a run task may stand alone
-        job_id = self._job_id = job_id_for(context, self.task_id, spec.name)
-        # Before the job is queued: a build or staging done here must not run while the job
-        # holds GPUs it cannot use yet.
-        plan = self._plan(context, spec)
-        store = s.store()
-        handed = self._handed_over(context)
-        if handed.get("status") == "launch_failed" and context["ti"].try_number <= 1:
-            # The wait task's launch failed (the store has the attempt as failed): this try's
-            # failure, so that Airflow retries by the spec.
-            raise self._launch_failed(
-                context, spec, job_id, int(handed["attempt"]), str(handed.get("message"))
-            )
-        st = queue_job(store, spec, job_id, labels_for(context, self.task_id), self.log)
-        if st.state == "succeeded":
-            self.log.info(
-                "job %s already succeeded (attempt %d); nothing to run", job_id, st.attempt
-            )
-            return self._result(st)
-        elif st.terminal:
-            raise AirflowFailException(f"job {job_id} is {st.state}: {st.message or ''}")
-        elif st.state == "running":
-            if handed.get("status") == "running" and int(handed["attempt"]) == st.attempt:
-                # Launched by the wait task: link it, tell the notifiers, watch it.
-                launched = Launched(st.attempt, handed["launch"], handed.get("mlflow_url"))
-                return self._watch(context, job_id, launched)
-            return self._watch_again(context, store, st)  # resumed after a restart
-        elif st.state == "preempting":
-            return self._requeue(context, job_id, st.attempt, "preempting")
-        # Fast path: a job the cluster has room for (or the wait task saw admitted) launches
-        # at once, without a round trip through the triggerer (seconds saved; and no deferral
-        # that a trigger could answer before Airflow has processed the worker's exit:
-        # apache/airflow#72716).
-        if st.state != "admitted":
-            st = decide_now(store, job_id)
-        if st.state == "admitted" and store.launchable(job_id):
-            try:
-                launched = launch_attempt(plan, job_id, st.attempt)
-            except LaunchFailed as e:
-                raise self._launch_failed(context, spec, job_id, st.attempt, str(e)) from e
-            except LaunchInterrupted as e:
-                self.log.warning("%s", e)
-            else:
-                return self._watch(context, job_id, launched)
-        self._defer_admission(job_id, plan)
-        return None
+        return self.run_step("run_submit", self._args(context, handed=self._handed_over(context)),
+                             context)  # fmt: skip
 
-    def _plan(self, context: Context, spec: JobSpec) -> LaunchPlan:
-        return plan_launch(
-            context, spec, self.prepare_task_id, self.stage_task_id, self.log, TaskRef.of(context)
+    def _args(self, context: Context, **more: Any) -> dict[str, Any]:
+        args = launch_args(
+            self.spec, context, self.task_id, self.prepare_task_id, self.stage_task_id
         )
+        return {**args, **more}
 
     def _handed_over(self, context: Context) -> dict[str, Any]:
         """What the wait task of the same `gpu_job` group returned (its XCom), or {} for a
@@ -167,193 +111,123 @@ class BerthRunOperator(BaseOperator):
         got = context["ti"].xcom_pull(task_ids=self.wait_task_id)
         return dict(got) if isinstance(got, Mapping) else {}
 
-    def _defer_admission(self, job_id: str, plan: LaunchPlan, *, notice: bool = True) -> None:
+    def after_step(self, context: Context, got: Any) -> Any:
+        """What a step said to do next (operators/run_work.py names each status)."""
+        status = got["status"]
+        job_id = self._job_id = got.get("job_id", self._job_id)
+        if status == "done":
+            return got["result"]
+        if status == "running":
+            return self._watch(context, got)
+        if status == "wait":
+            return self._defer_admission(job_id, got["plan"])
+        if status == "requeued":
+            self._notify(context, "preempted", got, got["detail"])
+            return self._defer_admission(job_id, got["plan"])
+        if status in ("launch_failed", "failed"):
+            raise self._failed(context, got)
+        raise AirflowFailException(f"job {job_id}: a step answered {status!r}, unknown here")
+
+    # -- waiting for admission ------------------------------------------------------------------
+
+    def _defer_admission(self, job_id: str, plan: dict[str, Any], *, notice: bool = True) -> None:
         """Wait for admission; with notifiers and a threshold, the trigger fires `waiting`
         once the job has waited that long (`notice`: not again for the same wait)."""
         after = self.notify_waiting_after_s if self.notify and notice else None
         self.defer(
             trigger=AdmissionTrigger(
                 job_id,
-                plan.to_dict(),
+                plan,
                 poll_s=self.poll_s,
                 notify_at=None if after is None else time.time() + after,
             ),
             method_name="on_admitted",
         )
 
-    def _notify(self, context: Context, event: str, job_id: str, detail: str = "") -> None:
-        """Tell the job's notifiers (operators/notifying.py); a failing one is only logged."""
-        if not self.notify:
-            return
-        store = settings().store()
-        st = store.status(job_id)
-        eta = store.etas([job_id]).get(job_id) if event == "waiting" else None
-        moment = JobMoment.of(event, st, detail, None if eta is None else eta.at)
-        sent = notify(self.notify, context, moment)
-        self.log.info("job %s %s: %d of %d notifier(s) told", job_id, event, sent, len(self.notify))
-
     def on_admitted(self, context: Context, event: Mapping[str, Any]) -> Any:
         """The admission trigger launched the gang (or found why it could not)."""
         job_id = self._job_id = event["job_id"]
-        store = settings().store()
         status = event["status"]
         if status == "running" and event.get("launch"):
-            launched = Launched(int(event["attempt"]), event["launch"], event.get("mlflow_url"))
-            return self._watch(context, job_id, launched)
-        if status == "running":  # launched by an earlier try of this task
-            return self._watch_again(context, store, store.status(job_id))
-        if status == "launch_failed":  # the store has the attempt as failed
-            spec = resolve_spec(self.spec, context)
-            message = event.get("message") or "launch failed"
-            raise self._launch_failed(context, spec, job_id, int(event["attempt"]), message)
-        if status == "preempting":
-            return self._requeue(context, job_id, int(event["attempt"]), status)
+            return self._watch(context, event)
+        if status in ("running", "launch_failed", "preempting"):  # the store's work: a step
+            return self.run_step("run_admitted", self._args(context, event=dict(event)), context)
         if status == "waiting":  # waited past notify_waiting_after_s: say so, wait on
-            st = store.status(job_id)
-            why = f"{st.reason_code or 'pending'}: {st.reason_message or ''}".strip()
-            self._notify(context, "waiting", job_id, f"waiting for admission ({why})")
-            self._defer_admission(job_id, LaunchPlan.from_dict(event["plan"]), notice=False)
-            return None
+            detail = f"waiting for admission ({event['why']})"
+            self._notify(context, "waiting", event, detail, event.get("eta"))
+            return self._defer_admission(job_id, event["plan"], notice=False)
         raise AirflowFailException(f"job {job_id} ended while queued: {status} {event['message']}")
+
+    def _notify(
+        self,
+        context: Context,
+        event: str,
+        got: Mapping[str, Any],
+        detail: str,
+        eta: float | None = None,
+    ) -> None:
+        """Tell the job's notifiers (operators/notifying.py); a failing one is only logged.
+        What they are told came with the step's or the trigger's answer (`job`)."""
+        if not self.notify:
+            return
+        moment = JobMoment.from_job(event, got["job"], detail, eta)
+        sent = notify(self.notify, context, moment)
+        self.log.info("job %s %s: %d of %d notifier(s) told", moment.job_id, event, sent,
+                      len(self.notify))  # fmt: skip
 
     # -- launched: watch the gang -----------------------------------------------------------
 
-    def _watch(self, context: Context, job_id: str, launched: Launched) -> None:
-        push_run_url(context, launched.mlflow_url)
-        placement = settings().store().status(job_id).placement
-        where = ", ".join(f"{r.node} GPUs {list(r.gpus)}" for r in placement) or "-"
-        self.log.info("job %s attempt %d running on %s", job_id, launched.attempt, where)
-        if self.notify:
-            self._notify(context, "admitted", job_id, f"attempt {launched.attempt} on {where}")
-        self._defer_completion(job_id, launched.attempt, launched.launch)
+    def _watch(self, context: Context, got: Mapping[str, Any]) -> None:
+        job_id, attempt = got["job_id"], int(got["attempt"])
+        if not got.get("resumed"):  # found again after a restart: nobody is told again
+            push_run_url(context, got.get("mlflow_url"))
+            where = got["where"]
+            self.log.info("job %s attempt %d running on %s", job_id, attempt, where)
+            self._notify(context, "admitted", got, f"attempt {attempt} on {where}")
+        self.defer(
+            trigger=CompletionTrigger(
+                job_id, attempt, got["launch"], poll_s=self.poll_s, heartbeat_s=self.heartbeat_s
+            ),
+            method_name="on_completed",
+        )
 
-    def _launch_failed(
-        self, context: Context, spec: JobSpec, job_id: str, attempt: int, message: str
-    ) -> JobAttemptFailed:
-        """The attempt never started (the store has it as failed): close its MLflow run."""
-        over = max(1, context["ti"].try_number) > spec.retries
-        close_attempt(TaskRef.of(context), spec, settings().store(), job_id, attempt, "failed",
-                      job_over=over)  # fmt: skip
-        if over:
-            self._notify(context, "failed", job_id, f"attempt {attempt} could not start: {message}")
-        return self._attempt_failed(context, spec, message)
+    def on_completed(self, context: Context, event: Mapping[str, Any]) -> Any:
+        """The attempt ended, and the completion trigger recorded how (`outcome`): its
+        replicas' last lines go to the log, the rest is a step (artifacts, MLflow, what next)."""
+        self._job_id = event["job_id"]
+        for line in event.get("tail") or ():
+            self.log.info("%s", line)
+        ended = {k: v for k, v in event.items() if k != "tail"}
+        return self.run_step("run_completed", self._args(context, event=ended), context)
+
+    # -- the attempt failed ---------------------------------------------------------------------
+
+    def _failed(self, context: Context, got: Mapping[str, Any]) -> Exception:
+        """The failure to raise: JobAttemptFailed, which Airflow retries by the spec, or
+        AirflowFailException when no retry can help; the notifiers told when the job is over."""
+        job_id, attempt, message = got["job_id"], got["attempt"], got["message"]
+        spec = resolve_spec(self.spec, context)
+        if got["status"] == "launch_failed":
+            if got["job_over"]:
+                detail = f"attempt {attempt} could not start: {message}"
+                self._notify(context, "failed", got, detail)
+            return self._attempt_failed(context, spec, message)
+        if got["job_over"]:
+            self._notify(context, "failed", got, f"attempt {attempt}: {message}")
+        if got["hopeless"]:
+            return AirflowFailException(f"job {job_id} attempt {attempt}: {message}")
+        return self._attempt_failed(
+            context, spec, f"job {job_id} attempt {attempt} failed: {message}"
+        )
 
     def _attempt_failed(self, context: Context, spec: JobSpec, message: str) -> JobAttemptFailed:
         try_number = max(1, context["ti"].try_number)
         return JobAttemptFailed(message, retries=spec.retries, backoff_s=spec.backoff_s(try_number))
 
-    def _defer_completion(self, job_id: str, attempt: int, launch: dict[str, Any]) -> None:
-        self.defer(
-            trigger=CompletionTrigger(
-                job_id, attempt, launch, poll_s=self.poll_s, heartbeat_s=self.heartbeat_s
-            ),
-            method_name="on_completed",
-        )
-
-    def _watch_again(self, context: Context, store: Any, st: JobStatus) -> Any:
-        """The job runs but this task lost track of it (a restart): find the replicas again."""
-        launch = settings().runtime().reattach(st.id, st.attempt, team=st.team)
-        if launch is None:
-            store.finish(st.id, "lost", message="replicas not found after a restart")
-            self.log.warning("job %s attempt %d: replicas gone; queued again", st.id, st.attempt)
-            spec = resolve_spec(self.spec, context)
-            self._defer_admission(st.id, self._plan(context, spec))
-            return None
-        self._defer_completion(st.id, st.attempt, launch.to_dict())
-        return None
-
-    # -- the gang ended, or the store told it to stop -----------------------------------------
-
-    def on_completed(self, context: Context, event: Mapping[str, Any]) -> Any:
-        """The attempt ended, and the completion trigger recorded how (`outcome`)."""
-        job_id = self._job_id = event["job_id"]
-        attempt = int(event["attempt"])
-        s = settings()
-        store = s.store()
-        spec = resolve_spec(self.spec, context)
-        task = TaskRef.of(context)
-        outcome = event["outcome"]
-        for line in event.get("tail") or ():
-            self.log.info("%s", line)
-        if outcome in ("preempted", "lost"):  # back to the queue, no retry used
-            why = event.get("message")
-            if event["status"] == "failed":  # a recoverable exit code: the store says so
-                why = store.status(job_id).message
-            self.log.warning("job %s attempt %d %s (%s); back in the queue without a retry",
-                             job_id, attempt, outcome, why)  # fmt: skip
-            close_attempt(task, spec, store, job_id, attempt, outcome)
-            self._notify(context, "preempted", job_id, f"attempt {attempt} {outcome}; queued again")
-            self._defer_admission(job_id, self._plan(context, spec))
-        if outcome == "cancelled":
-            raise AirflowFailException(f"job {job_id} was cancelled: {event.get('message', '')}")
-        self._collect(job_id, attempt, spec)  # the attempt ran to an end: keep its outputs
-        artifacts = s.artifacts_dir / job_id / str(attempt)
-        if outcome == "succeeded":
-            self.log.info("job %s attempt %d succeeded", job_id, attempt)
-            close_attempt(task, spec, store, job_id, attempt, "succeeded", exit_code=0,
-                          artifacts_dir=artifacts, job_over=True)  # fmt: skip
-            return self._result(store.status(job_id))
-        message = event.get("message") or f"replicas {event['status']}"
-        try_number = max(1, context["ti"].try_number)
-        hopeless = event.get("disposition") == "fail"  # a bad image or config
-        close_attempt(
-            task,
-            spec,
-            store,
-            job_id,
-            attempt,
-            "failed",
-            exit_code=event.get("exit_code"),
-            artifacts_dir=artifacts,
-            job_over=hopeless or try_number > spec.retries,  # no retry left: the job is over
-        )
-        if hopeless or try_number > spec.retries:
-            self._notify(context, "failed", job_id, f"attempt {attempt}: {message}")
-        if hopeless:
-            raise AirflowFailException(f"job {job_id} attempt {attempt}: {message}")
-        why = f"job {job_id} attempt {attempt} failed: {message}"
-        raise self._attempt_failed(context, spec, why)
-
-    def _requeue(self, context: Context, job_id: str, attempt: int, why: str) -> None:
-        """Chosen as a victim while this task was away: stop what may still run, end the
-        attempt as preempted and queue again without using a retry."""
-        s = settings()
-        runtime = s.runtime()
-        team = s.store().status(job_id).team  # the store's: the stop comes first, whatever else
-        handle = runtime.reattach(job_id, attempt, team=team)
-        if handle is not None:
-            runtime.stop(handle)
-        spec = resolve_spec(self.spec, context)
-        s.store().finish(job_id, "preempted", attempt=attempt, message="preempted by Berth")
-        self.log.warning("job %s attempt %d %s; back in the queue", job_id, attempt, why)
-        close_attempt(TaskRef.of(context), spec, s.store(), job_id, attempt, "preempted")
-        self._notify(context, "preempted", job_id, f"attempt {attempt} preempted; queued again")
-        self._defer_admission(job_id, self._plan(context, spec))
-
-    def _collect(self, job_id: str, attempt: int, spec: JobSpec) -> None:
-        s = settings()
-        if s.runtime_kind == "kubernetes":  # on the team's volume: the collect step copies it
-            return
-        self.log.info("attempt %d:", attempt)
-        collect_attempt(
-            spec.artifacts,
-            s.workdir(job_id, attempt),
-            s.artifacts_dir / job_id / str(attempt),
-            self.log,
-        )
-
-    def _result(self, st: JobStatus) -> dict[str, Any]:
-        s = settings()
-        return {
-            "job_id": st.id,
-            "attempt": st.attempt,
-            "state": st.state,
-            "artifacts_dir": str(s.artifacts_dir / st.id / str(st.attempt)),
-            "workdir": str(s.workdir(st.id, st.attempt)),
-        }
-
     def on_kill(self) -> None:
-        """Killed while running on a worker: stop the replicas and free the GPUs."""
-        if self._job_id is None:
+        """Killed while running on a worker: stop the replicas and free the GPUs. Where the
+        steps run in Berth's triggerer this task cannot reach the store: the triggers' own
+        on_kill and the cleanup step release the job."""
+        if self._job_id is None or steps_in_triggerer():
             return
         release_job(self._job_id, "task killed")

@@ -1,25 +1,27 @@
-"""Only Berth's own tasks reach the store on Kubernetes (docs/decisions/0027).
+"""Where Berth's tasks reach the store on Kubernetes (docs/decisions/0027, 0030).
 
 The store's URL holds the password of the scheduler's database. On the KubernetesExecutor every
 task's pod is made from one pod template, so a URL there would reach every task of every DAG,
-and any DAG's code could write the scheduler's tables. The template carries no URL: Berth's
-operators add it to their own pods through the executor's `pod_override`
-(`executor_config`), from the same Secret the Airflow components read, and put those pods on
-Berth's ServiceAccount: the template's has no rights, so another DAG's task cannot launch pods
-in the team namespaces either. Other executors ignore `executor_config`, so this changes
-nothing on the embedded default.
+and any DAG's code could write the scheduler's tables. The template carries no URL.
 
-Decided when the DAG file is parsed, from the deployment's `BERTH_RUNTIME` (the Helm values
-give it to every Airflow container): the executor reads `executor_config` from the serialized
-DAG, before any task code runs.
+The deployment (docker/helm/values.yaml) gives Berth's tasks a queue of their own,
+`BERTH_TRIGGER_QUEUE`. With Airflow's `[triggerer] queues_enabled` a deferred task's trigger goes
+to its task's queue, and only triggerers started with `--queues <that queue>` run it: Berth's
+own triggerers (Berth's chart, docker/chart), which alone hold the URL and Berth's Kubernetes
+rights. Berth's steps then do all their work there (operators/step_trigger.py), so Berth's task
+pods get nothing of Berth's: no URL, no account but the template's. The queue is Berth's
+whatever a DAG passes: on another one Berth's triggers would wait for a triggerer that cannot
+reach the store.
 
-The triggers of Berth's tasks need the store too (admission, the gang's completion). With
-`BERTH_TRIGGER_QUEUE` set, Berth's tasks run on that Airflow queue; with Airflow's `[triggerer]
-queues_enabled` a deferred task's trigger goes to its task's queue, and only triggerers started
-with `--queues <that queue>` run it. The deployment gives the store to those triggerers alone
-(Berth's chart, docker/chart), and the Airflow chart's triggerer, which runs every other DAG's
-triggers, gets none. The queue is Berth's whatever a DAG passes: on another one Berth's triggers
-would wait for a triggerer that cannot reach the store.
+Without that queue on Kubernetes (a deployment of before decision 0030), Berth's steps run in
+their tasks' pods, and Berth's operators add the URL to their own pods through the executor's
+`pod_override` (`executor_config`), from the same Secret the Airflow components read, and put
+those pods on Berth's ServiceAccount: the template's has no rights, so another DAG's task cannot
+launch pods in the team namespaces either. Other executors ignore `executor_config`.
+
+Decided when the DAG file is parsed, from the deployment's `BERTH_RUNTIME` and
+`BERTH_TRIGGER_QUEUE` (the Helm values give them to every Airflow container): the executor reads
+`executor_config` from the serialized DAG, before any task code runs.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ BASE_CONTAINER = "base"  # the KubernetesExecutor's task container
 
 
 def store_pod_override() -> dict[str, Any]:
-    """`executor_config` for a task of Berth's: on Kubernetes, its pod gets the store's URL
-    from the Secret and runs as Berth's ServiceAccount; elsewhere nothing."""
-    if os.environ.get("BERTH_RUNTIME") != "kubernetes":
+    """`executor_config` for a task of Berth's: on Kubernetes without Berth's queue, its pod
+    gets the store's URL from the Secret and runs as Berth's ServiceAccount; elsewhere, and
+    where Berth's steps run in Berth's triggerers (the queue), nothing."""
+    if os.environ.get("BERTH_RUNTIME") != "kubernetes" or trigger_queue() is not None:
         return {}
     from kubernetes.client import models as k8s
 
@@ -59,8 +62,8 @@ def store_pod_override() -> dict[str, Any]:
 
 def with_store_access(kwargs: dict[str, Any]) -> dict[str, Any]:
     """An operator's keyword arguments with the store's access added: Berth's queue where the
-    deployment names one, and on Kubernetes the URL on its pod (a DAG's own `executor_config`
-    kept, and the URL added to its pod_override's task container)."""
+    deployment names one, or else on Kubernetes the URL on its pod (a DAG's own
+    `executor_config` kept, and the URL added to its pod_override's task container)."""
     queue = trigger_queue()
     if queue is not None:
         kwargs = {**kwargs, "queue": queue}

@@ -37,7 +37,9 @@ from operators.launching import (
     LaunchPlan,
     launch_attempt,
 )
+from operators.notifying import job_fields
 from operators.release import release_job
+from operators.run_work import waited_of, where_of
 
 # A trigger that fires within seconds of its deferral can race Airflow 3.3's scheduler: the
 # resumed try may already run when the executor's stale "success" of the deferring process is
@@ -49,7 +51,7 @@ MIN_EVENT_AGE_S = 8.0
 ETA_EVERY_S = 30.0
 
 
-async def _not_before(started: float) -> None:
+async def not_before(started: float) -> None:
     """Wait out the rest of MIN_EVENT_AGE_S since `started` (time.monotonic())."""
     left = MIN_EVENT_AGE_S - (time.monotonic() - started)
     if left > 0:
@@ -64,7 +66,9 @@ class AdmissionTrigger(BaseTrigger):
     waits the trigger logs its reason and queue position whenever they change, and its expected
     start (the scheduling loop's ETA) when that moves by a minute or more, so the task log says
     why it waits and until when. Once admitted, the trigger launches the gang (`launch_attempt`)
-    and fires `{"status": "running", "attempt": n, "launch": {...}, "mlflow_url": ...}`; a
+    and fires `{"status": "running", "attempt": n, "launch": {...}, "mlflow_url": ...}` with
+    where it runs, how long it waited and the job's fields for a notice (the task reads no
+    store: decision 0030); a
     launch that failed fires `launch_failed` (the store has the attempt as failed). A job found
     running (a launch it did not make) fires `running` without a launch; one that ended
     meanwhile (cancelled, rejected) or is being preempted fires its state. With `notify_at`, a
@@ -122,12 +126,27 @@ class AdmissionTrigger(BaseTrigger):
             try:
                 st = await asyncio.wait_for(waiting, left)
             except TimeoutError:  # still waiting at notify_at
-                await _not_before(started)
-                yield self._event("waiting", plan=self.plan)
+                st = await asyncio.to_thread(store.status, self.job_id)
+                eta = (await asyncio.to_thread(store.etas, [self.job_id])).get(self.job_id)
+                await not_before(started)
+                why = f"{st.reason_code or 'pending'}: {st.reason_message or ''}".strip()
+                yield self._event(
+                    "waiting",
+                    plan=self.plan,
+                    why=why,
+                    eta=None if eta is None else eta.at,
+                    job=job_fields(st),
+                )
                 return
             if st.state != "admitted":  # running (launched elsewhere), preempting, or ended
-                await _not_before(started)
-                yield self._event(st.state, attempt=st.attempt, message=st.message or "")
+                await not_before(started)
+                yield self._event(
+                    st.state,
+                    attempt=st.attempt,
+                    message=st.message or "",
+                    team=st.team,
+                    job=job_fields(st),
+                )
                 return
             try:
                 launched = await asyncio.to_thread(launch_attempt, plan, self.job_id, st.attempt)
@@ -141,16 +160,22 @@ class AdmissionTrigger(BaseTrigger):
                 self.log.warning("%s", e)
                 continue
             except LaunchFailed as e:
-                await _not_before(started)
+                await not_before(started)
                 yield self._event("launch_failed", attempt=st.attempt, message=str(e))
                 return
             self.log.info("job %s attempt %d started", self.job_id, launched.attempt)
-            await _not_before(started)
+            st = await asyncio.to_thread(store.status, self.job_id)
+            await not_before(started)
             yield self._event(
                 "running",
                 attempt=launched.attempt,
                 launch=launched.launch,
                 mlflow_url=launched.mlflow_url,
+                # What the task says and hands on, so that it needs no store (decision 0030).
+                team=st.team,
+                where=where_of(st),
+                waited_s=waited_of(st),
+                job=job_fields(st),
             )
             return
 
@@ -277,7 +302,7 @@ class CompletionTrigger(BaseTrigger):
                     message = gang.message or f"replicas {gang.state}"
                     kw = {"exit_code": gang.exit_code, "message": message}
                     outcome = await self._end(store, "failed", **kw)
-                await _not_before(started)
+                await not_before(started)
                 yield self._event(
                     gang.state,
                     outcome=outcome,

@@ -25,24 +25,22 @@ from typing import Any
 from airflow.sdk import BaseNotifier, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
-from berth.store import JobStatus
-from operators.context import settings
-from operators.job import SpecArg, check_team_access, job_id_for, labels_for, resolve_spec
-from operators.launching import Launched, LaunchFailed, LaunchInterrupted, launch_attempt
+from operators.job import SpecArg, launch_args
+from operators.launching import Launched
 from operators.notifying import JobMoment, check_waiting_after, notify
-from operators.preparing import plan_launch
-from operators.queueing import decide_now, queue_job
 from operators.release import release_job
+from operators.run_work import (
+    HANDED_OVER,
+    handed_xcom,
+    launch_failed_xcom,
+    started_xcom,
+)
+from operators.step_trigger import StepsInTriggerer, steps_in_triggerer
 from operators.store_access import with_store_access
-from operators.tracking import TaskRef
 from operators.triggers import AdmissionTrigger
 
-# States in which the run task takes the job on as it is: running (it watches), preempting
-# (it requeues), succeeded (it returns the result).
-HANDED_OVER = ("running", "preempting", "succeeded")
 
-
-class WaitForAdmissionOperator(BaseOperator):
+class WaitForAdmissionOperator(StepsInTriggerer, BaseOperator):
     """Queue the job, wait (deferred) until Berth admits it, and launch its gang.
 
     :param spec: the JobSpec fields, or `"params"` to read them from the DAG run's params.
@@ -84,32 +82,18 @@ class WaitForAdmissionOperator(BaseOperator):
         self._job_id: str | None = None
 
     def execute(self, context: Context) -> dict[str, Any] | None:
-        s = settings()
-        spec = resolve_spec(self.spec, context, cluster=s.cluster(), teams=s.teams())
-        check_team_access(s, spec.team, context)
-        job_id = self._job_id = job_id_for(context, self.run_task_id, spec.name)
-        ti = context["ti"]
-        task = TaskRef(ti.dag_id, ti.run_id, self.run_task_id, max(1, int(ti.try_number)))
-        # Before the job is queued: the environment and inputs are ready (or fail here).
-        plan = plan_launch(context, spec, self.prepare_task_id, self.stage_task_id, self.log, task)
-        store = s.store()
-        st = queue_job(store, spec, job_id, labels_for(context, self.run_task_id), self.log)
-        if st.state in HANDED_OVER:
-            return self._handed(st)
-        if st.terminal:
-            raise AirflowFailException(f"job {job_id} is {st.state}: {st.message or ''}")
-        if st.state == "queued":  # a job the cluster has room for starts now, from here
-            st = decide_now(store, job_id)
-        if st.state == "admitted" and store.launchable(job_id):
-            try:
-                launched = launch_attempt(plan, job_id, st.attempt)
-            except LaunchFailed as e:
-                return self._launch_failed(job_id, st.attempt, str(e))
-            except LaunchInterrupted as e:
-                self.log.warning("%s", e)
-            else:
-                return self._started(store.status(job_id), launched)
-        self._defer(job_id, plan.to_dict(), notice=True)
+        # The store's work (queue, decide, launch: operators/run_work.py) runs here or in
+        # Berth's triggerer (decision 0030); this task keeps XCom and the notifiers.
+        args = launch_args(
+            self.spec, context, self.run_task_id, self.prepare_task_id, self.stage_task_id
+        )
+        return self.run_step("wait_submit", args, context)
+
+    def after_step(self, context: Context, result: Any) -> dict[str, Any] | None:
+        self._job_id = result.get("job_id") or result.get("xcom", {}).get("job_id")
+        if result["status"] == "handed":
+            return self._say(result["xcom"])
+        self._defer(result["job_id"], result["plan"], notice=True)
         return None
 
     def _defer(self, job_id: str, plan: dict[str, Any], *, notice: bool) -> None:
@@ -126,63 +110,58 @@ class WaitForAdmissionOperator(BaseOperator):
 
     def on_event(self, context: Context, event: Mapping[str, Any]) -> dict[str, Any] | None:
         """The admission trigger launched the gang, found why it could not, or says the job
-        has waited past `notify_waiting_after_s`."""
+        has waited past `notify_waiting_after_s`. Its event says all this task needs."""
         job_id = self._job_id = event["job_id"]
-        store = settings().store()
         status = event["status"]
         if status == "running" and event.get("launch"):
             launched = Launched(int(event["attempt"]), event["launch"], event.get("mlflow_url"))
-            return self._started(store.status(job_id), launched)
+            xcom = started_xcom(
+                event["team"], launched, event["where"], event.get("waited_s"), job_id
+            )
+            return self._say(xcom)
         if status == "launch_failed":
-            return self._launch_failed(job_id, int(event["attempt"]), event.get("message") or "")
+            attempt, message = int(event["attempt"]), event.get("message") or ""
+            return self._say(launch_failed_xcom(job_id, attempt, message))
         if status == "waiting":  # say so, and wait on
-            st = store.status(job_id)
-            why = f"{st.reason_code or 'pending'}: {st.reason_message or ''}".strip()
-            self._notify(context, st, f"waiting for admission ({why})")
+            self._notify(context, event, f"waiting for admission ({event['why']})")
             self._defer(job_id, event["plan"], notice=False)
             return None
         if status in HANDED_OVER:  # launched elsewhere, or chosen as a victim meanwhile
-            return self._handed(store.status(job_id))
+            return self._say(handed_xcom(status, job_id, event["team"], int(event["attempt"])))
         message = event.get("message") or ""
         raise AirflowFailException(f"job {job_id} ended while queued: {status} {message}".strip())
 
     # -- what the run task is told (this task's XCom) -----------------------------------------
 
-    def _started(self, st: JobStatus, launched: Launched) -> dict[str, Any]:
-        where = ", ".join(f"{r.node} GPUs {list(r.gpus)}" for r in st.placement) or "-"
-        waited = None
-        if st.admitted_at is not None:
-            waited = max(0.0, st.admitted_at - st.submitted_at)
-        self.log.info(
-            "job %s attempt %d started on %s, %s after it was submitted; the run task watches it",
-            st.id, launched.attempt, where, _duration(waited),
-        )  # fmt: skip
-        return {"status": "running", "job_id": st.id, "team": st.team,
-                "attempt": launched.attempt, "launch": launched.launch,
-                "mlflow_url": launched.mlflow_url, "placement": where,
-                "waited_s": waited}  # fmt: skip
+    def _say(self, xcom: dict[str, Any]) -> dict[str, Any]:
+        """The log's last word on the wait, and the XCom."""
+        job_id, attempt = xcom["job_id"], xcom["attempt"]
+        if xcom["status"] == "running":
+            self.log.info(
+                "job %s attempt %d started on %s, %s after it was submitted; the run task "
+                "watches it", job_id, attempt, xcom["placement"], _duration(xcom["waited_s"]),
+            )  # fmt: skip
+        elif xcom["status"] == "launch_failed":
+            self.log.error("job %s attempt %d could not start: %s", job_id, attempt,
+                           xcom["message"])  # fmt: skip
+        else:
+            self.log.info("job %s is %s; the run task takes it on", job_id, xcom["status"])
+        return xcom
 
-    def _launch_failed(self, job_id: str, attempt: int, message: str) -> dict[str, Any]:
-        self.log.error("job %s attempt %d could not start: %s", job_id, attempt, message)
-        return {"status": "launch_failed", "job_id": job_id, "attempt": attempt,
-                "message": message}  # fmt: skip
-
-    def _handed(self, st: JobStatus) -> dict[str, Any]:
-        self.log.info("job %s is %s; the run task takes it on", st.id, st.state)
-        return {"status": st.state, "job_id": st.id, "team": st.team, "attempt": st.attempt}
-
-    def _notify(self, context: Context, st: JobStatus, detail: str) -> None:
+    def _notify(self, context: Context, event: Mapping[str, Any], detail: str) -> None:
         if not self.notify:
             return
-        eta = settings().store().etas([st.id]).get(st.id)
-        moment = JobMoment.of("waiting", st, detail, None if eta is None else eta.at)
+        moment = JobMoment.from_job("waiting", event["job"], detail, event.get("eta"))
         sent = notify(self.notify, context, moment)
-        self.log.info("job %s waiting: %d of %d notifier(s) told", st.id, sent, len(self.notify))
+        self.log.info(
+            "job %s waiting: %d of %d notifier(s) told", moment.job_id, sent, len(self.notify)
+        )
 
     def on_kill(self) -> None:
         """Killed while on a worker: take the job out of the queue, stop what it started (the
-        trigger's on_kill does it while deferred)."""
-        if self._job_id is not None:
+        trigger's on_kill does it while deferred). Where the steps run in Berth's triggerer
+        this task cannot reach the store: the cleanup step releases the job."""
+        if self._job_id is not None and not steps_in_triggerer():
             release_job(self._job_id, "wait task killed")
 
 

@@ -1,7 +1,9 @@
-"""Only Berth's tasks get the store's URL on Kubernetes (operators/store_access.py): the pod
-template every task's pod is made from carries none, Berth's operators add it through the
-KubernetesExecutor's pod_override, and the provider's own code (PodGenerator, the DAG
-serializer) merges and keeps it. The pod template is the one docker/helm/values.yaml holds,
+"""Where tasks get the store's URL on Kubernetes (operators/store_access.py). The pod template
+every task's pod is made from carries none. With Berth's queue (the deployment's values) Berth's
+steps do their work in Berth's triggerers (decision 0030) and no task's pod gets the URL or
+Berth's account; without it, Berth's operators add both through the KubernetesExecutor's
+pod_override, and the provider's own code (PodGenerator, the DAG serializer) merges and keeps
+them. The pod template is the one docker/helm/values.yaml holds,
 rendered with Helm as the Airflow chart renders it (tests/helm.py). No kubelet runs here: the
 pods are rendered, not started."""
 
@@ -30,6 +32,7 @@ from operators.store_access import (
     STORE_URL,
 )
 
+REPO = Path(__file__).resolve().parent.parent
 SPEC = {
     "name": "bert",
     "team": "vision",
@@ -37,6 +40,12 @@ SPEC = {
     "command": ["python", "train.py"],
     "gpus_per_replica": 1,
 }
+
+
+@pytest.fixture(autouse=True)
+def _no_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No queue of Berth's unless a test names it (the machine's environment may)."""
+    monkeypatch.delenv(TRIGGER_QUEUE, raising=False)
 
 
 def _env(pod: k8s.V1Pod) -> dict[str, Any]:
@@ -94,6 +103,29 @@ def test_berths_tasks_get_the_store_from_the_secret_and_a_dags_own_task_does_not
         ref = env[STORE_URL].value_from.secret_key_ref
         assert (ref.name, ref.key) == (STORE_SECRET, STORE_KEY), task_id
         assert pod.spec.service_account_name == RUNTIME_ACCOUNT, task_id  # Berth's rights
+
+
+def _values_env() -> dict[str, str]:
+    """The plain variables the deployment's values give every Airflow container."""
+    values = yaml.safe_load((REPO / "docker" / "helm" / "values.yaml").read_text())
+    return {e["name"]: e["value"] for e in values["env"] if "value" in e}
+
+
+def test_with_the_deployments_queue_no_tasks_pod_gets_the_store_or_berths_account(
+    monkeypatch: pytest.MonkeyPatch, pod_template: Path
+) -> None:
+    env = _values_env()
+    assert (env["BERTH_RUNTIME"], env[TRIGGER_QUEUE]) == ("kubernetes", "berth")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    dag = DagSerialization.from_dict(DagSerialization.to_dict(_dag()))
+    template = PodGenerator.deserialize_model_file(str(pod_template))
+    for t in dag.tasks:
+        override = (t.executor_config or {}).get("pod_override")
+        pod = PodGenerator.reconcile_pods(template, override)
+        assert STORE_URL not in _env(pod), t.task_id
+        assert pod.spec.service_account_name == "berth-task", t.task_id  # bound to nothing
+        assert t.queue == ("default" if t.task_id == "users_own" else "berth"), t.task_id
 
 
 def test_a_dags_own_pod_override_is_kept_beside_the_store(

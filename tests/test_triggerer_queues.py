@@ -11,13 +11,15 @@ Here the same shape runs for real on the embedded default's components
 (tests/standalone_kit.py's `deployed`, SQLite), with the deployment's three triggerers:
 `berth` (`--queues berth`, with the store), `plain` (`--queues default`) and `unqueued` (no
 `--queues`); the last two get a store URL that points at a port where no database listens, so
-that a Berth trigger run there would fail its job.
+that a Berth trigger run there would fail its job. So do the task processes (the scheduler's
+LocalExecutor): Berth's steps do their work in Berth's triggerer (decision 0030).
 
 1. A Berth job and a DAG of a user's with a deferrable task of its own run at once: each one's
    trigger is seen on its queue and held by the right triggerer while deferred, and both runs
-   succeed.
-2. With Berth's triggerer stopped, Berth's trigger stays unassigned while the plain triggerer
-   takes a user's trigger made after it; Berth's triggerer back, the job ends.
+   succeed, every task of the job with a store that points nowhere; the validate step's work
+   is in its log, written by Berth's triggerer.
+2. With Berth's triggerer stopped, the job's first step waits, unassigned, while the plain
+   triggerer takes a user's trigger made after it; Berth's triggerer back, the job ends.
 3. A DAG whose own task names Berth's queue fails to import (the cluster policy,
    plugins/airflow_local_settings.py), naming the task and the fix.
 4. A task that starts in the triggerer (its trigger has no queue) waits while the unqueued
@@ -26,13 +28,14 @@ that a Berth trigger run there would fail its job.
 
 from __future__ import annotations
 
+import json
 import textwrap
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from standalone_kit import Platform, deployed, form_dag_folder, jobs_of, wait_for_run
-from test_standalone_lifecycle import _conf
+from test_standalone_lifecycle import _conf, _task_log
 from waiting import wait_for
 
 QUEUE = "berth"
@@ -42,6 +45,7 @@ FENCED_URL = "postgresql+psycopg://fenced:none@127.0.0.1:9/none"
 
 PLAIN_DAG = '''
 """A user's DAG: one deferrable task that waits a few seconds in a trigger."""
+import os
 from datetime import timedelta
 
 from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
@@ -53,7 +57,7 @@ class Pause(BaseOperator):
         self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=20)), method_name="resume")
 
     def resume(self, context, event=None):
-        return "resumed"
+        return os.environ.get("BERTH_STORE_URL")  # what a task process holds
 
 
 with DAG("plain_wait", schedule=None, is_paused_upon_creation=False):
@@ -129,6 +133,13 @@ def fenced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Platform,
         # the fenced store too, and two with a queue each join it.
         platform.airflow.stop("triggerer")
         fenced = {"BERTH_STORE_URL": FENCED_URL}
+        # Every task process (the LocalExecutor's, forked by the scheduler) and the parser get
+        # the fenced store too: Berth's steps do their work in Berth's triggerer (decision
+        # 0030), so its tasks reach the store through nothing else.
+        for component in ("scheduler", "dag-processor"):
+            platform.airflow.stop(component)
+            platform.airflow.start(component, env=fenced)
+        platform.airflow.wait_healthy(("scheduler", "dag-processor"))
         ids = {"unqueued": _start_triggerer(platform, "unqueued", None, fenced)}
         ids["berth"] = _start_triggerer(platform, "berth", QUEUE, {})
         ids["plain"] = _start_triggerer(platform, "plain", DEFAULT_QUEUE, fenced)
@@ -170,28 +181,40 @@ def test_berths_triggers_run_on_its_triggerer_and_a_users_on_the_plain_one(
     job_run = af.api.trigger("berth_job", _conf("fenced", "vision", 1, 1, "sleep 25"))
     plain_run = af.api.trigger("plain_wait")
 
-    # The job's run task waits for its gang in a trigger (the completion poll) on Berth's queue,
-    # held by Berth's triggerer; the user's task waits on the default queue, on the other one.
-    berths = _await_trigger(
-        platform,
-        "berth_job",
-        job_run,
-        "job.run",
-        held=True,
-        what="the job's run task deferred to a trigger",
-    )
-    assert (berths["queue"], berths["triggerer_id"]) == (QUEUE, ids["berth"]), berths
+    # The user's task waits on the default queue, on the plain triggerer.
     users = _users_trigger(platform, plain_run)
     assert (users["queue"], users["triggerer_id"]) == (DEFAULT_QUEUE, ids["plain"]), users
+    # The job's steps do their work in triggers on Berth's queue, held by Berth's triggerer
+    # (decision 0030), and its run task waits for its gang there too (the completion poll).
+    for task_id in ("job.validate", "job.run"):
+        berths = _await_trigger(
+            platform, "berth_job", job_run, task_id, held=True, what=f"{task_id} deferred"
+        )
+        assert (berths["queue"], berths["triggerer_id"]) == (QUEUE, ids["berth"]), berths
 
     assert wait_for_run(af, "plain_wait", plain_run) == "success"
     assert wait_for_run(af, "berth_job", job_run) == "success"
     [job] = jobs_of(platform.store, job_run)
     assert (job.state, job.attempt) == ("succeeded", 1)
-    # Every task of the job's run succeeded: a Berth trigger run by another triggerer, whose
-    # store points nowhere, would have failed its task.
+    # Every task of the job's run succeeded: a Berth trigger run by another triggerer, or a
+    # Berth step done in its task's process, whose store points nowhere, would have failed it.
+    assert _xcom(platform, "plain_wait", plain_run, "pause") == FENCED_URL  # so do the tasks'
     for ti in af.api.task_instances("berth_job", job_run):
         assert ti["state"] == "success", ti
+    # The validate step's work was done in Berth's triggerer: its log says so, from there.
+    said = _task_log(af, job_run, "job.validate")
+    assert f".trigger.{ids['berth']}.log" in said, said[:2000]
+    [ok] = [json.loads(line) for line in said.splitlines() if "spec ok: fenced" in line]
+    assert ok["logger"] == "operators.step_trigger.StepTrigger", ok
+
+
+def _xcom(platform: Platform, dag_id: str, run_id: str, task_id: str) -> Any:
+    got = platform.airflow.api.call(
+        "GET",
+        f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value",
+        params={"deserialize": "true"},
+    )
+    return got["value"]
 
 
 def test_with_berths_triggerer_down_its_trigger_waits_and_the_plain_one_never_takes_it(
@@ -202,20 +225,22 @@ def test_with_berths_triggerer_down_its_trigger_waits_and_the_plain_one_never_ta
     af.stop("triggerer#berth")
     try:
         job_run = af.api.trigger("berth_job", _conf("waits", "vision", 1, 1, "sleep 5"))
-        # Deferred, its trigger made, and no triggerer takes it.
+        # Its first step does its work in Berth's triggerer (decision 0030): deferred, its
+        # trigger made, and no triggerer takes it.
         _await_trigger(
             platform,
             "berth_job",
             job_run,
-            "job.run",
+            "job.validate",
             held=False,
-            what="the job's run task deferred",
+            what="the job's validate step deferred",
         )
         # The plain triggerer is alive and assigning: a user's trigger made after Berth's is
         # taken, while Berth's still has no triggerer.
         plain_run = af.api.trigger("plain_wait")
         assert _users_trigger(platform, plain_run)["triggerer_id"] == ids["plain"]
-        assert _trigger(platform, "berth_job", job_run, "job.run", held=False)
+        assert _trigger(platform, "berth_job", job_run, "job.validate", held=False)
+        assert jobs_of(platform.store, job_run) == []  # nothing queued: validate has not run
     finally:
         ids["berth"] = _start_triggerer(platform, "berth", QUEUE, {})
     # Berth's triggerer back: it takes the trigger and the job ends.
