@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -217,3 +218,36 @@ def test_the_run_task_does_no_store_work_of_its_own_with_berths_queue(
         _follow(failing, ctx2, ti2, monkeypatch)
     st = store.status(job_id_for({"ti": ti2}, "job.run", "train"))
     assert (st.state, st.attempt) == ("failed", 1)
+
+
+def test_the_wait_task_waits_for_admission_and_hands_over_with_berths_queue(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cluster is full, so the submit step says wait; the admission trigger launches the
+    job once the GPUs are free, and its event says all the task hands on: where it runs."""
+    import sys
+    import threading
+
+    from operators.waiting import WaitForAdmissionOperator
+
+    hog = parse_spec(SPEC | {"name": "hog", "replicas": 2, "gpus_per_replica": 4})
+    store.submit(hog, job_id="hog")
+    store.schedule()
+    assert store.status("hog").state == "admitted"  # all 8 GPUs held
+    spec = SPEC | {"command": [sys.executable, "-c", "pass"]}
+    ti = _RunTI(dag_id="d", run_id="r3", task_id="job.wait", map_index=-1, try_number=1, pushed={})
+    task = WaitForAdmissionOperator(
+        task_id="job.wait", spec=spec, run_task_id="job.run", poll_s=0.2
+    )
+    freeing = threading.Timer(1.0, lambda: store.cancel("hog", message="made room"))
+    freeing.start()
+    try:
+        xcom, went = _follow(task, {"ti": ti, "params": {}}, ti, monkeypatch)
+    finally:
+        freeing.cancel()
+    assert went == ["StepTrigger:wait_submit", "AdmissionTrigger"]
+    job_id = job_id_for({"ti": ti}, "job.run", "train")
+    assert (xcom["status"], xcom["job_id"], xcom["team"]) == ("running", job_id, "vision"), xcom
+    assert re.fullmatch(r"local-[ab] GPUs \[\d\]", xcom["placement"]), xcom
+    assert xcom["launch"] and xcom["waited_s"] >= 0.5, xcom
+    assert store.status(job_id).state == "running"
