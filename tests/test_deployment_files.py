@@ -63,8 +63,8 @@ def test_the_pod_template_is_what_the_executor_and_the_runtime_need() -> None:
     assert base["securityContext"].items() >= container_needs.items()
     assert pod["spec"]["securityContext"]["runAsUser"] != 0
 
-    # Every task's pod runs as the account with no rights and no token; Berth's own tasks name
-    # berth-runtime in their pod_override (tests/test_store_access.py).
+    # Every task's pod runs as the account with no rights and no token, Berth's own tasks too
+    # (their steps run in Berth's triggerers: tests/test_store_access.py).
     task_sa = rbac_service_account("berth-task")
     assert pod["spec"]["serviceAccountName"] == task_sa["name"]
     assert pod["metadata"]["namespace"] == task_sa["namespace"]
@@ -73,9 +73,9 @@ def test_the_pod_template_is_what_the_executor_and_the_runtime_need() -> None:
 
     env = {e["name"]: e for e in base["env"]}
     assert env["BERTH_RUNTIME"]["value"] == "kubernetes"
-    _check_airflow_env(env)  # the chart's Secrets, as its own template would give them
-    # Not the store's URL: only Berth's tasks add it (operators/store_access.py, whose test,
-    # test_store_access.py, renders the pods with the provider's own code).
+    _check_airflow_env(env, task=True)  # the chart's Secrets a task needs, and only those
+    # Not the store's URL (operators/store_access.py, whose test, test_store_access.py,
+    # renders the pods with the provider's own code).
     assert "BERTH_STORE_URL" not in env
     assert env["MLFLOW_TRACKING_URI"]["value"].startswith("http")
     assert "BERTH_CLUSTER" not in env  # discovered from the nodes, not declared
@@ -196,15 +196,22 @@ def test_berths_triggerers_run_its_queue_alone_with_the_store_and_the_values_set
     assert volumes["config"] == template_volumes["config"]
 
 
-def _check_airflow_env(env: dict[str, Any], release: str = "airflow") -> None:
+def _check_airflow_env(
+    env: dict[str, Any], release: str = "airflow", *, task: bool = False
+) -> None:
     """What a pod outside the chart's own needs of the chart's Secrets, as the chart names
-    them for `release`."""
+    them for `release`. A task's pod (`task`) gets neither the metadata database nor the
+    Fernet key: Airflow 3 runs it through its Execution API (tests/test_db_less_task.py)."""
     secrets = {k: (v["valueFrom"]["secretKeyRef"]["name"], v["valueFrom"]["secretKeyRef"]["key"])
                for k, v in env.items() if "valueFrom" in v}  # fmt: skip
-    assert secrets["AIRFLOW__CORE__FERNET_KEY"] == (f"{release}-fernet-key", "fernet-key")
-    assert secrets["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == (
-        f"{release}-airflow-metadata", "connection"
-    )  # fmt: skip
+    if task:
+        assert "AIRFLOW__CORE__FERNET_KEY" not in env
+        assert "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in env
+    else:
+        assert secrets["AIRFLOW__CORE__FERNET_KEY"] == (f"{release}-fernet-key", "fernet-key")
+        assert secrets["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == (
+            f"{release}-airflow-metadata", "connection"
+        )  # fmt: skip
     # The API server fetches a running trigger's log with it; a missing one fails that check.
     assert secrets["AIRFLOW__API__SECRET_KEY"] == (f"{release}-api-secret-key", "api-secret-key")
 
@@ -251,13 +258,13 @@ def test_one_change_in_the_values_reaches_every_pod() -> None:
     chart = [d for d in render_berth_chart({**sets, "airflowRelease": "af"}) if "spec" in d]
     workloads = [d for d in chart if d["kind"] == "StatefulSet"]
     assert _images([pod, *workloads]) == {"registry.test/team/airflow:2.0.0"}
-    for env in [
-        pod["spec"]["containers"][0]["env"],
-        workloads[0]["spec"]["template"]["spec"]["containers"][0]["env"],
+    for env, task in [
+        (pod["spec"]["containers"][0]["env"], True),
+        (workloads[0]["spec"]["template"]["spec"]["containers"][0]["env"], False),
     ]:
         named = {e["name"]: e for e in env}
         assert named["MLFLOW_TRACKING_URI"]["value"] == "http://mlflow.test:5000"
-        _check_airflow_env(named, release="af")
+        _check_airflow_env(named, release="af", task=task)
     configs = [
         v["configMap"]["name"]
         for p in [pod["spec"], *(w["spec"]["template"]["spec"] for w in workloads)]
@@ -265,11 +272,12 @@ def test_one_change_in_the_values_reaches_every_pod() -> None:
         if v["name"] == "config"
     ]
     assert configs == ["af-airflow-config"] * 3
-    # An external metadata database's Secret, named once in the values, for all of them.
+    # An external metadata database's Secret, named once in the values, for the triggerers;
+    # a task's pod gets none.
     external = {"data.metadataSecretName": "airflow-db"}
-    pod = render_pod_template(external)
+    assert "airflow-db" not in yaml.safe_dump(render_pod_template(external))
     [sts, _] = [d for d in render_berth_chart(external) if d["kind"] == "StatefulSet"]
-    for container in [pod["spec"]["containers"][0], *sts["spec"]["template"]["spec"]["containers"]]:
+    for container in sts["spec"]["template"]["spec"]["containers"]:
         [conn] = [e for e in container["env"] if e["name"] == "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
         assert conn["valueFrom"]["secretKeyRef"]["name"] == "airflow-db"
 
