@@ -17,6 +17,15 @@ TRIGGER_QUEUE = "BERTH_TRIGGER_QUEUE"
 # The class attribute that marks Berth's operators (the steps of `gpu_job`), the only tasks
 # that may run on the queue.
 BERTH_TASK = "berth_task"
+# The only triggers that may go on the queue (plugins/berth_api/queue_guard.py refuses others):
+# a task's queue can be changed by its own code at run time, after the cluster policy.
+BERTH_TRIGGERS = frozenset(
+    {
+        "operators.step_trigger.StepTrigger",
+        "operators.triggers.AdmissionTrigger",
+        "operators.triggers.CompletionTrigger",
+    }
+)
 
 
 def trigger_queue() -> str | None:
@@ -34,4 +43,17 @@ def queue_violation(task: Any) -> str | None:
         f"task {task.task_id!r}: queue {queue!r} is Berth's own ({TRIGGER_QUEUE}): the triggers "
         "of tasks on it run in Berth's triggerers, which hold Berth's store; give the task "
         "another queue, or leave `queue` out"
+    )
+
+
+def deferral_violation(queue: object, classpath: object) -> str | None:
+    """Why a deferral may not go where it asks (a trigger not Berth's on Berth's queue), or
+    None."""
+    ours = trigger_queue()
+    if ours is None or queue != ours or classpath in BERTH_TRIGGERS:
+        return None
+    return (
+        f"trigger {classpath!r} may not run on queue {ours!r}: it is Berth's own "
+        f"({TRIGGER_QUEUE}), whose triggerers hold Berth's store and run only Berth's triggers; "
+        "give the task another queue, and do not change it at run time"
     )

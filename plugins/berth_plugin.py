@@ -1,7 +1,8 @@
 """Registers Berth's FastAPI app (plugins/berth_api) with Airflow, at `/berth` in the API server,
 and its pages in Airflow's UI: "GPU queues" and "Cluster map" in the navigation, and "Berth
 job" on every task instance (external views, shown in an iframe inside Airflow's UI). The API
-server also keeps the team pools in step with the teams file.
+server also keeps the team pools in step with the teams file, and refuses a deferral of a
+trigger not Berth's onto Berth's queue (plugins/berth_api/queue_guard.py).
 
 Every Airflow process loads the plugins folder: the scheduler, the triggerer, the DAG processor
 and each task's process. Only the API server mounts the app, so the app (FastAPI, Airflow's
@@ -84,6 +85,12 @@ class BerthPlugin(AirflowPlugin):
     @property
     def fastapi_apps(self) -> list[dict[str, Any]]:  # type: ignore[override]
         return [berth_app()]
+
+    @property
+    def fastapi_root_middlewares(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        from plugins.berth_api.queue_guard import BerthQueueGuard
+
+        return [{"middleware": BerthQueueGuard, "name": "Berth's queue guard"}]
 
     @property
     def external_views(self) -> list[dict[str, Any]]:  # type: ignore[override]

@@ -234,3 +234,82 @@ def test_an_override_a_dag_shares_with_its_own_tasks_gives_them_nothing_of_berth
     for pod in (shared, own.executor_config["pod_override"]):
         assert set(_env(pod)) == {"X"}
         assert pod.spec.service_account_name is None
+
+
+def test_only_berths_triggers_may_defer_onto_berths_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What plugins/berth_api/queue_guard.py refuses on the API server (for real, on Airflow's
+    components, in tests/test_triggerer_queues.py)."""
+    import importlib
+
+    from berth.trigger_queue import BERTH_TRIGGERS, deferral_violation
+
+    for path in BERTH_TRIGGERS:  # each names a trigger class of Berth's that exists
+        module, _, name = path.rpartition(".")
+        assert hasattr(importlib.import_module(module), name), path
+    own = "airflow.providers.standard.triggers.temporal.TimeDeltaTrigger"
+    assert deferral_violation("berth", own) is None  # no queue of Berth's named: nothing to guard
+    monkeypatch.setenv(TRIGGER_QUEUE, "berth")
+    said = deferral_violation("berth", own)
+    assert said and "TimeDeltaTrigger" in said and "another queue" in said
+    assert deferral_violation("default", own) is None
+    assert deferral_violation(None, own) is None
+    assert all(deferral_violation("berth", path) is None for path in BERTH_TRIGGERS)
+
+
+def test_the_guard_refuses_only_a_foreign_trigger_on_berths_queue_and_passes_the_rest_intact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+    import json
+
+    from plugins.berth_api.queue_guard import BerthQueueGuard
+
+    monkeypatch.setenv(TRIGGER_QUEUE, "berth")
+    seen: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:  # Airflow's API, standing in
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        seen.append(body)
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    def call(path: str, update: dict[str, Any], method: str = "PATCH") -> tuple[int, bytes]:
+        raw = json.dumps(update).encode()
+        chunks = [raw[:10], raw[10:]]  # a body that arrives in two parts
+        incoming = [
+            {"type": "http.request", "body": c, "more_body": i == 0} for i, c in enumerate(chunks)
+        ]
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return incoming.pop(0)
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": method, "path": path}
+        asyncio.run(BerthQueueGuard(app)(scope, receive, send))
+        return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+    state = "/execution/task-instances/0199-abc/state"
+    foreign = {
+        "state": "deferred",
+        "queue": "berth",
+        "classpath": "mine.Trigger",
+        "next_method": "r",
+    }
+    status, body = call(state, foreign)
+    assert status == 409 and b"'mine.Trigger' may not run on queue 'berth'" in body
+    assert seen == []  # Airflow never saw it
+    ours = foreign | {"classpath": "operators.step_trigger.StepTrigger"}
+    for path, update in [
+        (state, ours),
+        (state, foreign | {"queue": "default"}),
+        (state, {"state": "success"}),
+        ("/api/v2/dags", foreign),
+    ]:
+        assert call(path, update)[0] == 204, (path, update)
+        assert seen.pop() == json.dumps(update).encode()  # the same bytes, handed on

@@ -22,7 +22,9 @@ LocalExecutor): Berth's steps do their work in Berth's triggerer (decision 0030)
    triggerer takes a user's trigger made after it; Berth's triggerer back, the job ends.
 3. A DAG whose own task names Berth's queue fails to import (the cluster policy,
    plugins/airflow_local_settings.py), naming the task and the fix.
-4. A task that starts in the triggerer (its trigger has no queue) waits while the unqueued
+4. A task that moves itself onto Berth's queue at run time, with a trigger of its own, is
+   refused by Berth's guard on the API server and fails saying why.
+5. A task that starts in the triggerer (its trigger has no queue) waits while the unqueued
    triggerer is down, taken by neither of the others, and runs once it is back.
 """
 
@@ -82,6 +84,29 @@ with DAG("from_trigger", schedule=None, is_paused_upon_creation=False):
 """
 
 
+# A DAG of a user's whose task moves itself onto Berth's queue at run time, after the cluster
+# policy saw it, and defers to a trigger of its own: Berth's API server guard refuses it.
+SNEAKY_DAG = f'''
+from datetime import timedelta
+
+from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
+from airflow.sdk import DAG, BaseOperator
+
+
+class Sneaky(BaseOperator):
+    def execute(self, context):
+        self.queue = "{QUEUE}"
+        self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=1)), method_name="resume")
+
+    def resume(self, context, event=None):
+        return "ran in Berth's triggerer"
+
+
+with DAG("sneaky_defer", schedule=None, is_paused_upon_creation=False):
+    Sneaky(task_id="sneak", retries=0)
+'''
+
+
 # A DAG of a user's that puts a task of its own on Berth's queue: the cluster policy
 # (plugins/airflow_local_settings.py) refuses it when the DAG processor parses it.
 MISROUTED_DAG = f'''
@@ -125,8 +150,9 @@ def fenced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Platform,
     (dags / "plain_wait.py").write_text(textwrap.dedent(PLAIN_DAG))
     (dags / "misrouted.py").write_text(MISROUTED_DAG)
     (dags / "from_trigger.py").write_text(FROM_TRIGGER_DAG)
+    (dags / "sneaky_defer.py").write_text(SNEAKY_DAG)
     extra_env = {"AIRFLOW__TRIGGERER__QUEUES_ENABLED": "True", "BERTH_TRIGGER_QUEUE": QUEUE}
-    dag_ids = ("berth_job", "plain_wait", "from_trigger")
+    dag_ids = ("berth_job", "plain_wait", "from_trigger", "sneaky_defer")
     with deployed(root, dags, extra_env, dag_ids) as platform:
         # `deployed` started one triggerer without --queues: under queues_enabled it runs only
         # the triggers that have no queue, as the deployment's unqueued triggerers do. It gets
@@ -261,6 +287,25 @@ def test_a_dags_own_task_on_berths_queue_fails_its_import_naming_the_fix(
     message = found[0]["stack_trace"]
     assert "'on_berths_queue'" in message and f"queue {QUEUE!r} is Berth's own" in message
     assert not af.api.dag_known("misrouted")
+
+
+def test_a_task_that_moves_onto_berths_queue_at_run_time_cannot_defer_there(
+    fenced: tuple[Platform, dict[str, int]],
+) -> None:
+    """Airflow stores a deferral's queue as the task reports it; Berth's guard on the API server
+    refuses a trigger not Berth's on Berth's queue, and the task fails saying why."""
+    af = fenced[0].airflow
+    run = af.api.trigger("sneaky_defer")
+    assert wait_for_run(af, "sneaky_defer", run) == "failed"
+    [ti] = af.api.task_instances("sneaky_defer", run)
+    assert ti["state"] == "failed" and not ti.get("trigger"), ti
+    said = af.api.call(
+        "GET",
+        f"/dags/sneaky_defer/dagRuns/{run}/taskInstances/sneak/logs/1",
+        params={"full_content": "true"},
+    )
+    text = json.dumps(said)
+    assert "may not run on queue" in text and "TimeDeltaTrigger" in text, text[-3000:]
 
 
 def test_a_task_started_in_the_triggerer_waits_for_an_unqueued_one(
