@@ -305,7 +305,7 @@ def test_a_task_that_moves_onto_berths_queue_at_run_time_cannot_defer_there(
         params={"full_content": "true"},
     )
     text = json.dumps(said)
-    assert "may not run on queue" in text and "TimeDeltaTrigger" in text, text[-3000:]
+    assert "may not run on queue" in text and "triggers.temporal" in text, text[-3000:]
 
 
 def test_a_task_started_in_the_triggerer_waits_for_an_unqueued_one(
