@@ -9,6 +9,7 @@ schema, not rendered by it.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -380,3 +381,24 @@ def test_the_readme_names_the_node_labels_the_inventory_reads() -> None:
     assert f"`{defaults.gpu_resource}`" in text
     for toleration in DEFAULT_TOLERATIONS:
         assert toleration.key in text
+
+
+def test_the_task_pod_policy_forbids_the_secrets_the_values_name() -> None:
+    """templates/task-pods.yaml takes the Secrets' names from the same values the pods use (an
+    external metadata Secret, the store's Secret of `apiServer.env`), and can be left out;
+    tests/test_kube_task_admission.py applies it to a real API server."""
+
+    def policy(sets: dict[str, str]) -> dict[str, Any] | None:
+        docs = [d for d in render_berth_chart(sets) if d["kind"] == "ValidatingAdmissionPolicy"]
+        return docs[0] if docs else None
+
+    found = policy({"data.metadataSecretName": "airflow-db", "taskPods.forbiddenSecrets[0]": "x"})
+    assert found is not None
+    variables = {v["name"]: v["expression"] for v in found["spec"]["variables"]}
+    assert json.loads(variables["secrets"]) == [
+        STORE_SECRET, "airflow-db", "airflow-fernet-key", "airflow-jwt-secret", "x"
+    ]  # fmt: skip
+    assert json.loads(variables["accounts"]) == ["berth-task"]
+    [condition] = found["spec"]["matchConditions"]
+    assert "system:serviceaccount:berth-system:airflow-scheduler" in condition["expression"]
+    assert policy({"taskPods.enabled": "false"}) is None
