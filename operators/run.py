@@ -94,8 +94,8 @@ class BerthRunOperator(StepsInTriggerer, BaseOperator):
     # -- the store's work is a step (operators/run_work.py): here, or in Berth's triggerer ----
 
     def execute(self, context: Context) -> Any:
-        return self.run_step("run_submit", self._args(context, handed=self._handed_over(context)),
-                             context)  # fmt: skip
+        args = self._args(context, handed=self._handed_over(context))
+        return self.run_step("run_submit", args, context)
 
     def _args(self, context: Context, **more: Any) -> dict[str, Any]:
         args = launch_args(

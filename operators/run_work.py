@@ -27,7 +27,13 @@ from berth.spec import JobSpec
 from berth.store import JobStatus, Store
 from operators.context import settings
 from operators.job import check_team_access, job_id_for, labels_for, resolve_spec
-from operators.launching import Launched, LaunchFailed, LaunchInterrupted, launch_attempt
+from operators.launching import (
+    Launched,
+    LaunchFailed,
+    LaunchInterrupted,
+    LaunchPlan,
+    launch_attempt,
+)
 from operators.notifying import job_fields
 from operators.preparing import plan_launch
 from operators.queueing import decide_now, queue_job
@@ -117,7 +123,7 @@ def run_submit(call: StepCall) -> dict[str, Any]:
         if handed.get("status") == "running" and int(handed["attempt"]) == st.attempt:
             # Launched by the wait task: link it, tell the notifiers, watch it.
             launched = Launched(st.attempt, handed["launch"], handed.get("mlflow_url"))
-            return _running(store.status(job_id), launched)
+            return _running(st, launched)
         return _watch_again(call, spec, store, st)  # resumed after a restart
     if st.state == "preempting":
         return _requeue(call, spec, job_id, st.attempt, "preempting")
@@ -240,7 +246,7 @@ def _task(call: StepCall) -> TaskRef:
     return TaskRef(ti.dag_id, ti.run_id, str(call.args["run_task_id"]), _try(call))
 
 
-def _plan(call: StepCall, spec: JobSpec) -> Any:
+def _plan(call: StepCall, spec: JobSpec) -> LaunchPlan:
     prepared: Mapping[str, Any] | None = call.args.get("prepared")
     staged: Mapping[str, str] | None = call.args.get("staged")
     return plan_launch(spec, prepared, staged, call.log, _task(call))

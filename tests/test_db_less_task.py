@@ -84,7 +84,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         yield platform
 
 
-def _run(platform: Platform, args: list[str], env: dict[str, str]) -> str:
+def _run(args: list[str], env: dict[str, str]) -> str:
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{args[:3]} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
@@ -96,14 +96,14 @@ def _execute_in_a_pod(platform: Platform, run_id: str, root: Path) -> None:
     af = platform.airflow
     script = root / "make_workload.py"
     script.write_text(MAKE_WORKLOAD)
-    workload = _run(platform, [sys.executable, str(script), "db_less", run_id, "probe"], af.env)
+    workload = _run([sys.executable, str(script), "db_less", run_id, "probe"], af.env)
     pod_env = {k: v for k, v in af.env.items() if not k.startswith("BERTH")}
     pod_env.pop("AIRFLOW__CORE__FERNET_KEY", None)
     pod_env.pop("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
     pod_env["AIRFLOW_HOME"] = str(root / "pod-home")  # none of the deployment's files
     module = "airflow.sdk.execution_time.execute_workload"
     line = workload.strip().splitlines()[-1]
-    _run(platform, [sys.executable, "-m", module, "--json-string", line], pod_env)
+    _run([sys.executable, "-m", module, "--json-string", line], pod_env)
 
 
 def _probe(platform: Platform, run_id: str) -> dict[str, Any]:
